@@ -1,0 +1,63 @@
+package stores
+
+import "errors"
+
+// ErrClosed is returned by every Store method called after Close.
+var ErrClosed = errors.New("stores: store is closed")
+
+// NoOffset is the applied changelog offset of a partition that has none yet.
+const NoOffset int64 = -1
+
+// Batch is an atomic group of writes to one partition of a store, together with
+// the changelog offset those writes bring the partition up to.
+//
+// Invariant: a Store applies Puts, Deletes and Offset in one atomic step, so a
+// crash never leaves the data and the applied offset out of step.
+type Batch struct {
+	// Puts and Deletes are applied in the order Ops lists them.
+	Ops []Op
+	// Offset is the changelog offset of the last record this batch covers, or
+	// NoOffset to leave the partition's applied offset unchanged.
+	Offset int64
+}
+
+// Op is one write: a put of Value under Key, or a delete of Key (a tombstone)
+// when Delete is set.
+type Op struct {
+	Key    []byte
+	Value  []byte
+	Delete bool
+}
+
+// Put appends a put of value under key.
+func (b *Batch) Put(key, value []byte) { b.Ops = append(b.Ops, Op{Key: key, Value: value}) }
+
+// Delete appends a delete of key.
+func (b *Batch) Delete(key []byte) { b.Ops = append(b.Ops, Op{Key: key, Delete: true}) }
+
+// Store is the local state of one table on one worker, partitioned like the
+// table's changelog topic. Implementations are safe for concurrent use.
+//
+// Keys and values are opaque bytes; a key lives in exactly one partition. Slices
+// passed in may be reused by the caller after the call returns; slices returned
+// are owned by the caller.
+type Store interface {
+	// Get returns the value of key in partition, and false when it is absent.
+	Get(partition int32, key []byte) (value []byte, ok bool, err error)
+	// Apply writes b to partition atomically (data and applied offset together).
+	Apply(partition int32, b *Batch) error
+	// Offset returns the changelog offset last applied to partition, or
+	// NoOffset when the partition has none.
+	Offset(partition int32) (int64, error)
+	// Iterate calls fn for every key of partition in ascending byte order; a
+	// non-nil error from fn stops the iteration and is returned.
+	Iterate(partition int32, fn func(key, value []byte) error) error
+	// Partitions lists the partitions that hold data or an applied offset, ascending.
+	Partitions() ([]int32, error)
+	// DropPartition removes every key and the applied offset of partition.
+	DropPartition(partition int32) error
+	// Sync makes every applied batch durable (fsync for on-disk stores).
+	Sync() error
+	// Close syncs and releases the store; later calls return ErrClosed.
+	Close() error
+}
