@@ -1,0 +1,145 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"runtime/debug"
+
+	"github.com/runnel-dev/runnel/agent/source"
+	"github.com/runnel-dev/runnel/codec"
+)
+
+// Func is an agent's body: it runs once per assigned partition of its topic,
+// over the stream of that partition's records, until the stream ends (the
+// partition was revoked or the worker stops) or it returns an error.
+type Func[K any, V any] func(ctx context.Context, s *Stream[K, V]) error
+
+// Runner is an agent independent of its key and value types, as the worker runs it.
+type Runner interface {
+	Name() string
+	// Topic is the source topic.
+	Topic() string
+	// Run runs the agent body over sub, the subscription of partition p. It
+	// returns nil when the stream ended because the source stopped, the agent's
+	// error otherwise (a panic is recovered and returned as an error).
+	Run(ctx context.Context, p int32, sub *source.Subscription) error
+}
+
+// Agent is a declared agent.
+type Agent[K any, V any] struct {
+	name  string
+	topic *Topic[K, V]
+	fn    Func[K, V]
+}
+
+// New declares an agent named name that runs fn over topic.
+func New[K any, V any](h Host, name string, topic *Topic[K, V], fn Func[K, V]) *Agent[K, V] {
+	a := &Agent[K, V]{name: name, topic: topic, fn: fn}
+	h.RegisterAgent(a)
+	return a
+}
+
+// Name returns the agent's name.
+func (a *Agent[K, V]) Name() string { return a.name }
+
+// Topic returns the source topic's name.
+func (a *Agent[K, V]) Topic() string { return a.topic.Name() }
+
+// Run implements Runner.
+func (a *Agent[K, V]) Run(ctx context.Context, p int32, sub *source.Subscription) (err error) {
+	s := &Stream[K, V]{ctx: ctx, sub: sub, partition: p, kc: a.topic.kc, vc: a.topic.vc}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("agent %s[%d] panicked: %v\n%s", a.name, p, r, debug.Stack())
+		}
+	}()
+	if err := a.fn(ctx, s); err != nil {
+		return fmt.Errorf("agent %s[%d]: %w", a.name, p, err)
+	}
+	return s.Err()
+}
+
+// Stream is the sequence of records of one partition of an agent's topic.
+type Stream[K any, V any] struct {
+	ctx       context.Context
+	sub       *source.Subscription
+	partition int32
+	kc        codec.Codec[K]
+	vc        codec.Codec[V]
+	err       error
+}
+
+// Partition is the source partition this stream reads.
+func (s *Stream[K, V]) Partition() int32 { return s.partition }
+
+// Events iterates over the stream's events. Pulling the next event closes the
+// window of the previous one: everything the agent derives from an event
+// (table writes, sends to topics) must happen before it asks for the next.
+//
+// A record whose key or value does not decode is rejected (dead-lettered with
+// the decode error as reason) and skipped, never lost. The iteration ends when
+// the partition is revoked or the worker stops; Err then tells whether it ended
+// on an error.
+func (s *Stream[K, V]) Events() iter.Seq[*Event[K, V]] {
+	return func(yield func(*Event[K, V]) bool) {
+		for {
+			d, err := s.sub.Next(s.ctx)
+			if err != nil {
+				if !errors.Is(err, source.ErrGroupStopped) && s.ctx.Err() == nil {
+					s.err = err
+				}
+				return
+			}
+			ev := &Event[K, V]{Record: d.Record, d: d}
+			if d.Record.Key != nil {
+				if ev.Key, err = s.kc.Decode(d.Record.Key); err != nil {
+					d.Reject(fmt.Errorf("decode key of %s[%d]@%d: %w", d.Record.Topic, d.Record.Partition, d.Record.Offset, err))
+					continue
+				}
+			}
+			if ev.Value, err = s.vc.Decode(d.Record.Value); err != nil {
+				d.Reject(fmt.Errorf("decode value of %s[%d]@%d: %w", d.Record.Topic, d.Record.Partition, d.Record.Offset, err))
+				continue
+			}
+			if !yield(ev) {
+				return
+			}
+		}
+	}
+}
+
+// Err is the error that ended the stream, nil for a revoke or a stop.
+func (s *Stream[K, V]) Err() error { return s.err }
+
+// Event is one record of a stream, decoded.
+type Event[K any, V any] struct {
+	Key    K
+	Value  V
+	Record *source.Record
+	d      *source.Delivery
+}
+
+// Partition is the record's partition.
+func (e *Event[K, V]) Partition() int32 { return e.Record.Partition }
+
+// BindPersist implements table.Event: it binds one derived record to the event.
+func (e *Event[K, V]) BindPersist() (func(error), bool) {
+	tok, ok := e.d.Bind()
+	if !ok {
+		return nil, false
+	}
+	return func(err error) {
+		if err == nil {
+			tok.Confirm()
+		} else {
+			tok.Fail(err)
+		}
+	}, true
+}
+
+// Reject resolves the event as rejected: it goes to the agent's dead-letter
+// topic with reason in its headers, and its offset is then committed. It
+// returns false when the event's window is already closed.
+func (e *Event[K, V]) Reject(reason error) bool { return e.d.Reject(reason) }

@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/runnel-dev/runnel/table"
+)
+
+// Host is what topics and agents register with: the App.
+type Host interface {
+	RegisterTopic(t TopicDef)
+	RegisterAgent(r Runner)
+}
+
+// TopicDef is a declared topic independent of its key and value types.
+type TopicDef interface {
+	Name() string
+	// Partitions is the declared partition count.
+	Partitions() int32
+	KeyCodec() string
+	ValueCodec() string
+	// Attach gives the topic the worker's producer (nil to detach).
+	Attach(send table.SendFunc)
+}
+
+// Topic is a typed Kafka topic: agents consume it and sinks send to it.
+// Records are partitioned by Kafka's default partitioner (murmur2 of the
+// encoded key), so a topic written by Runnel is co-partitioned with the same
+// keys written by Kafka Streams or any default Java producer.
+type Topic[K any, V any] struct {
+	name       string
+	partitions int32
+	kc         codec.Codec[K]
+	vc         codec.Codec[V]
+
+	mu   sync.RWMutex
+	send table.SendFunc // guarded by mu; set while a worker runs
+}
+
+// NewTopic declares a topic with the given partition count on h.
+func NewTopic[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.Codec[V], partitions int32) *Topic[K, V] {
+	t := &Topic[K, V]{name: name, partitions: partitions, kc: kc, vc: vc}
+	h.RegisterTopic(t)
+	return t
+}
+
+// Name returns the topic name.
+func (t *Topic[K, V]) Name() string { return t.name }
+
+// Partitions returns the declared partition count.
+func (t *Topic[K, V]) Partitions() int32 { return t.partitions }
+
+// KeyCodec names the key codec.
+func (t *Topic[K, V]) KeyCodec() string { return t.kc.Name() }
+
+// ValueCodec names the value codec.
+func (t *Topic[K, V]) ValueCodec() string { return t.vc.Name() }
+
+// Codecs returns the key and value codecs.
+func (t *Topic[K, V]) Codecs() (codec.Codec[K], codec.Codec[V]) { return t.kc, t.vc }
+
+// Attach is called by the worker.
+func (t *Topic[K, V]) Attach(send table.SendFunc) {
+	t.mu.Lock()
+	t.send = send
+	t.mu.Unlock()
+}
+
+// Send produces one record to the topic as a sink of the event ev: the source
+// record of ev is not committed before the broker acknowledged this record.
+// Errors: the encoding errors of the codecs, table.ErrOutsideWindow when ev's
+// window is closed, table.ErrNotRunning outside a worker.
+func (t *Topic[K, V]) Send(ev table.Event, key K, value V) error {
+	t.mu.RLock()
+	send := t.send
+	t.mu.RUnlock()
+	if send == nil {
+		return fmt.Errorf("send to %s: %w", t.name, table.ErrNotRunning)
+	}
+	kb, err := t.kc.Encode(key)
+	if err != nil {
+		return fmt.Errorf("send to %s: encode key: %w", t.name, err)
+	}
+	vb, err := t.vc.Encode(value)
+	if err != nil {
+		return fmt.Errorf("send to %s: encode value: %w", t.name, err)
+	}
+	done, ok := ev.BindPersist()
+	if !ok {
+		return fmt.Errorf("send to %s: %w", t.name, table.ErrOutsideWindow)
+	}
+	p := kafka.PartitionFor(kb, t.partitions)
+	if err := send(t.name, p, kb, vb, func(_ int64, err error) { done(err) }); err != nil {
+		done(err)
+		return fmt.Errorf("send to %s[%d]: %w", t.name, p, err)
+	}
+	return nil
+}

@@ -1,0 +1,203 @@
+package app
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/table"
+	"github.com/runnel-dev/runnel/topology"
+)
+
+// App is a Runnel application: its declared topics, agents and tables, and the
+// settings its workers run with. Declare everything before calling Main or
+// starting a worker; declarations are not safe for concurrent use.
+type App struct {
+	id     string
+	cfg    Config
+	topics map[string]agent.TopicDef
+	agents []agent.Runner
+	tables []table.Def
+	errs   []error
+}
+
+// Config holds an app's settings. Options set them; environment variables
+// (RUNNEL_*) override options, and CLI flags override both.
+type Config struct {
+	// Brokers is the bootstrap list; "embedded" starts the in-process broker.
+	// Env RUNNEL_BROKERS (comma-separated). Default localhost:9092.
+	Brokers []string
+	// DataDir holds the Pebble stores (one directory per table). Env
+	// RUNNEL_DATA_DIR. Default ./var.
+	DataDir string
+	// CommitInterval is how often resolved offsets are committed; default 2.8 s
+	// (Faust's default; Kafka Streams uses 30 s under at-least-once). Offsets are
+	// also committed on every revoke and on shutdown.
+	CommitInterval time.Duration
+	// Replicas is the number of standby replicas of each changelog partition;
+	// default 1 (clamped to workers−1).
+	Replicas int
+	// AckTimeout fails a record whose agent did not move past it, or whose
+	// derived records were not acknowledged, within this time; default 300 s.
+	AckTimeout time.Duration
+	// Session, Heartbeat, Rebalance: consumer-group timeouts; defaults 10 s,
+	// 3 s, 60 s (Sarama's). FetchMaxWait: default 500 ms.
+	Session, Heartbeat, Rebalance, FetchMaxWait time.Duration
+	// Logger receives the app's logs; default slog on stderr.
+	Logger *slog.Logger
+	// HTTPAddr is where a worker serves /healthz, /readyz, /metrics and
+	// /api/assignment; empty disables it. Env RUNNEL_HTTP_ADDR.
+	HTTPAddr string
+
+	devTopic, devKeyField string
+}
+
+// Option configures an App.
+type Option func(*Config)
+
+// WithBrokers sets the bootstrap brokers ("embedded" for the in-process broker).
+func WithBrokers(addrs ...string) Option { return func(c *Config) { c.Brokers = addrs } }
+
+// WithDataDir sets the directory of the local stores.
+func WithDataDir(dir string) Option { return func(c *Config) { c.DataDir = dir } }
+
+// WithCommitInterval sets how often offsets are committed (default 2.8 s).
+func WithCommitInterval(d time.Duration) Option { return func(c *Config) { c.CommitInterval = d } }
+
+// WithReplicas sets the standby replicas per changelog partition (default 1).
+func WithReplicas(n int) Option { return func(c *Config) { c.Replicas = n } }
+
+// WithLogger sets the logger.
+func WithLogger(l *slog.Logger) Option { return func(c *Config) { c.Logger = l } }
+
+// WithGroupTimeouts sets the consumer-group session, heartbeat and rebalance
+// timeouts and the fetch max wait (zero keeps a default).
+func WithGroupTimeouts(session, heartbeat, rebalance, fetchMaxWait time.Duration) Option {
+	return func(c *Config) {
+		c.Session, c.Heartbeat, c.Rebalance, c.FetchMaxWait = session, heartbeat, rebalance, fetchMaxWait
+	}
+}
+
+// WithHTTPAddr sets the worker's HTTP listen address (empty disables it).
+func WithHTTPAddr(addr string) Option { return func(c *Config) { c.HTTPAddr = addr } }
+
+// New declares an app. id names the consumer group and prefixes changelog topics.
+func New(id string, opts ...Option) *App {
+	c := Config{Brokers: []string{"localhost:9092"}, DataDir: "./var", CommitInterval: 2800 * time.Millisecond,
+		Replicas: 1, AckTimeout: 300 * time.Second}
+	for _, o := range opts {
+		o(&c)
+	}
+	if v := os.Getenv("RUNNEL_BROKERS"); v != "" {
+		c.Brokers = strings.Split(v, ",")
+	}
+	if v := os.Getenv("RUNNEL_DATA_DIR"); v != "" {
+		c.DataDir = v
+	}
+	if v := os.Getenv("RUNNEL_HTTP_ADDR"); v != "" {
+		c.HTTPAddr = v
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	a := &App{id: id, cfg: c, topics: map[string]agent.TopicDef{}}
+	if err := topology.ValidName(id); err != nil {
+		a.errs = append(a.errs, fmt.Errorf("app id: %w", err))
+	}
+	return a
+}
+
+// ID returns the app ID.
+func (a *App) ID() string { return a.id }
+
+// AppID implements table.Host.
+func (a *App) AppID() string { return a.id }
+
+// Config returns the app's settings.
+func (a *App) Config() Config { return a.cfg }
+
+// RegisterTopic implements agent.Host.
+func (a *App) RegisterTopic(t agent.TopicDef) {
+	if _, dup := a.topics[t.Name()]; dup {
+		a.errs = append(a.errs, fmt.Errorf("topic %s declared twice", t.Name()))
+		return
+	}
+	if err := topology.ValidName(t.Name()); err != nil {
+		a.errs = append(a.errs, fmt.Errorf("topic: %w", err))
+	}
+	a.topics[t.Name()] = t
+}
+
+// RegisterAgent implements agent.Host.
+func (a *App) RegisterAgent(r agent.Runner) {
+	for _, o := range a.agents {
+		if o.Name() == r.Name() {
+			a.errs = append(a.errs, fmt.Errorf("agent %s declared twice", r.Name()))
+			return
+		}
+	}
+	a.agents = append(a.agents, r)
+}
+
+// RegisterTable implements table.Host.
+func (a *App) RegisterTable(d table.Def) {
+	for _, o := range a.tables {
+		if o.Name() == d.Name() {
+			a.errs = append(a.errs, fmt.Errorf("table %s declared twice", d.Name()))
+			return
+		}
+	}
+	if err := topology.ValidName(d.Name()); err != nil {
+		a.errs = append(a.errs, fmt.Errorf("table: %w", err))
+	}
+	a.tables = append(a.tables, d)
+}
+
+// TopicOption configures a declared topic.
+type TopicOption func(*topicOptions)
+
+type topicOptions struct{ partitions int32 }
+
+// Partitions sets a topic's partition count (default 8).
+func Partitions(n int32) TopicOption { return func(o *topicOptions) { o.partitions = n } }
+
+// Topic declares a typed topic of app a.
+func Topic[K any, V any](a *App, name string, kc codec.Codec[K], vc codec.Codec[V], opts ...TopicOption) *agent.Topic[K, V] {
+	o := topicOptions{partitions: 8}
+	for _, f := range opts {
+		f(&o)
+	}
+	return agent.NewTopic(a, name, kc, vc, o.partitions)
+}
+
+// Topology returns the declared graph, with table partition counts resolved
+// and co-partitioning validated; the error lists every declaration problem.
+func (a *App) Topology() (*topology.Graph, error) {
+	g := &topology.Graph{App: a.id}
+	names := make([]string, 0, len(a.topics))
+	for n := range a.topics {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		t := a.topics[n]
+		g.Topics = append(g.Topics, topology.Topic{Name: n, Partitions: t.Partitions(), KeyCodec: t.KeyCodec(), ValueCodec: t.ValueCodec()})
+	}
+	for _, r := range a.agents {
+		g.Agents = append(g.Agents, topology.Agent{Name: r.Name(), Source: r.Topic()})
+	}
+	for _, d := range a.tables {
+		g.Tables = append(g.Tables, topology.Table{Name: d.Name(), Changelog: d.Changelog(), Partitions: d.Partitions(),
+			KeyCodec: d.KeyCodec(), ValueCodec: d.ValueCodec()})
+	}
+	errs := append([]error(nil), a.errs...)
+	if err := g.Resolve(); err != nil {
+		errs = append(errs, err)
+	}
+	return g, joinErrors(errs)
+}

@@ -1,0 +1,230 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/runnel-dev/runnel/table"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+)
+
+// Main runs the app's command line: worker, dev, describe, tables, send. It
+// exits the process with status 1 on error (the error goes to stderr).
+func (a *App) Main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd := a.Command()
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		stop()
+		os.Exit(1)
+	}
+}
+
+// Command returns the app's root cobra command, for embedding in a larger CLI.
+func (a *App) Command() *cobra.Command {
+	var brokers, dataDir, logLevel string
+	root := &cobra.Command{
+		Use:           a.id,
+		Short:         fmt.Sprintf("Runnel app %s", a.id),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if brokers != "" {
+				a.cfg.Brokers = strings.Split(brokers, ",")
+			}
+			if dataDir != "" {
+				a.cfg.DataDir = dataDir
+			}
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			a.cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			return nil
+		},
+	}
+	root.PersistentFlags().StringVar(&brokers, "brokers", "", "bootstrap brokers, comma-separated (env RUNNEL_BROKERS)")
+	root.PersistentFlags().StringVar(&dataDir, "data-dir", "", "directory of the local table stores (env RUNNEL_DATA_DIR)")
+	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+
+	var httpAddr string
+	worker := &cobra.Command{
+		Use:   "worker",
+		Short: "Join the consumer group and process records until SIGTERM",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if httpAddr != "" {
+				a.cfg.HTTPAddr = httpAddr
+			}
+			w, err := a.NewWorker(WorkerOptions{})
+			if err != nil {
+				return err
+			}
+			return w.Run(cmd.Context())
+		},
+	}
+	worker.Flags().StringVar(&httpAddr, "http-addr", "", "serve /healthz, /readyz, /metrics, /api/assignment here (env RUNNEL_HTTP_ADDR)")
+
+	var do DevOptions
+	var noProgress bool
+	dev := &cobra.Command{
+		Use:   "dev",
+		Short: "Run on an in-process broker: load --input, process it with --workers workers, print the tables",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			do.Out = cmd.OutOrStdout()
+			if do.Input != "" && !noProgress {
+				var bar *progressbar.ProgressBar
+				do.Progress = func(loaded, total int64) {
+					if bar == nil {
+						bar = progressbar.DefaultBytes(total, "loading "+do.Input)
+					}
+					_ = bar.Set64(loaded)
+				}
+			}
+			return a.Dev(cmd.Context(), do)
+		},
+	}
+	dev.Flags().IntVar(&do.Workers, "workers", 1, "workers to run in this process")
+	dev.Flags().StringVar(&do.Input, "input", "", "JSONL file (.gz allowed) to produce before the workers start")
+	dev.Flags().StringVar(&do.InputTopic, "topic", "", "topic --input goes to (default: the app's dev input topic)")
+	dev.Flags().StringVar(&do.KeyField, "key-field", "", "JSON string field of each line used as the record key")
+	dev.Flags().StringVar(&do.Dump, "dump", "", "print only this table")
+	dev.Flags().BoolVar(&do.JSONOut, "json", false, "with --dump: print the table as one JSON object")
+	dev.Flags().IntVar(&do.Top, "top", 10, "entries of each table to print")
+	dev.Flags().BoolVar(&noProgress, "no-progress", false, "do not draw the loading progress bar")
+
+	var describeJSON bool
+	describe := &cobra.Command{
+		Use:   "describe",
+		Short: "Print the topics, agents, tables and co-partitioned groups",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			g, err := a.Topology()
+			if err != nil {
+				return err
+			}
+			if describeJSON {
+				return g.WriteJSON(cmd.OutOrStdout())
+			}
+			return g.WriteText(cmd.OutOrStdout())
+		},
+	}
+	describe.Flags().BoolVar(&describeJSON, "json", false, "print JSON")
+
+	tables := &cobra.Command{Use: "tables", Short: "List and dump tables"}
+	tables.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "List the declared tables and their changelog topics",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, d := range a.tables {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\n", d.Name(), d.Changelog())
+			}
+			return nil
+		},
+	})
+	var dumpJSON bool
+	dump := &cobra.Command{
+		Use:   "dump TABLE",
+		Short: "Print a table, read from its changelog topic",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var def table.Def
+			for _, d := range a.tables {
+				if d.Name() == args[0] {
+					def = d
+				}
+			}
+			if def == nil {
+				return fmt.Errorf("no table %q (tables: %s)", args[0], strings.Join(a.tableNames(), ", "))
+			}
+			client, err := a.client()
+			if err != nil {
+				return err
+			}
+			defer client.Close()
+			m, err := ReadTable(cmd.Context(), client, def)
+			if err != nil {
+				return err
+			}
+			return writeTable(cmd.OutOrStdout(), def.Name(), m, dumpJSON, 0)
+		},
+	}
+	dump.Flags().BoolVar(&dumpJSON, "json", false, "print one JSON object {key: value}")
+	tables.AddCommand(dump)
+
+	var sendTopic, sendKey string
+	send := &cobra.Command{
+		Use:   "send FILE",
+		Short: "Produce a JSONL file (.gz allowed, - for stdin) to a topic, one record a line",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			g, err := a.Topology()
+			if err != nil {
+				return err
+			}
+			if sendTopic == "" {
+				sendTopic, sendKey = a.cfg.devTopic, firstNonEmpty(sendKey, a.cfg.devKeyField)
+			}
+			t, ok := g.Topic(sendTopic)
+			if !ok {
+				return fmt.Errorf("--topic %q is not declared by the app", sendTopic)
+			}
+			in, err := OpenInput(args[0])
+			if err != nil {
+				return err
+			}
+			defer in.Close()
+			brokers, err := resolveBrokers(a.cfg.Brokers)
+			if err != nil {
+				return err
+			}
+			w0 := &Worker{app: a, graph: g}
+			client, err := connect(brokers, kafka.NewConfig("runnel-send", sarama.KafkaVersion{}, kafka.Timeouts{}), w0.topicSpecs())
+			if err != nil {
+				return err
+			}
+			defer client.Close()
+			st, err := SendLines(cmd.Context(), client, t.Name, t.Partitions, sendKey, in, nil)
+			fmt.Fprintf(cmd.ErrOrStderr(), "sent %d records to %s\n", st.Records, t.Name)
+			return err
+		},
+	}
+	send.Flags().StringVar(&sendTopic, "topic", "", "destination topic (default: the app's dev input topic)")
+	send.Flags().StringVar(&sendKey, "key-field", "", "JSON string field used as the record key")
+
+	root.AddCommand(worker, dev, describe, tables, send)
+	return root
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, v := range s {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func (a *App) client() (sarama.Client, error) {
+	brokers, err := resolveBrokers(a.cfg.Brokers)
+	if err != nil {
+		return nil, err
+	}
+	c := kafka.NewConfig("runnel-cli", sarama.KafkaVersion{}, kafka.Timeouts{})
+	client, err := sarama.NewClient(brokers, c)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", strings.Join(brokers, ","), err)
+	}
+	return client, nil
+}

@@ -1,0 +1,337 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/internal/embedded"
+	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/runnel-dev/runnel/table"
+)
+
+// DevOptions configures a dev run: an embedded broker, N workers in this
+// process, an optional input file loaded first, and a report of the tables once
+// every record is processed.
+type DevOptions struct {
+	// Workers is the number of workers to run; default 1.
+	Workers int
+	// Input is a JSONL file (.gz allowed) produced to InputTopic before the
+	// workers start; empty loads nothing.
+	Input string
+	// InputTopic and KeyField say where Input goes and which string field of
+	// each line is the record key; defaults from WithDevInput.
+	InputTopic, KeyField string
+	// Dump prints only this table (as JSON with JSONOut) instead of the top of each.
+	Dump    string
+	JSONOut bool
+	// Top is how many entries of each table the report shows; default 10.
+	Top int
+	// DataDir holds the workers' stores; default: a temporary directory removed at the end.
+	DataDir string
+	// Timeout bounds the wait for lag 0; default 10 min.
+	Timeout time.Duration
+	// Out receives the report (stdout); logs go to the app's logger.
+	Out io.Writer
+	// Progress, if set, is told the bytes of Input loaded so far and its size.
+	Progress func(loaded, total int64)
+}
+
+// WithDevInput sets the topic and key field that `dev --input` loads a file into.
+func WithDevInput(topic, keyField string) Option {
+	return func(c *Config) { c.devTopic, c.devKeyField = topic, keyField }
+}
+
+// Dev runs the app on an embedded broker until every record of the input (and
+// everything derived from it) is processed, then stops the workers cleanly and
+// reports the tables, read back from their changelogs.
+func (a *App) Dev(ctx context.Context, o DevOptions) error {
+	if o.Workers <= 0 {
+		o.Workers = 1
+	}
+	if o.Top <= 0 {
+		o.Top = 10
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 10 * time.Minute
+	}
+	if o.Out == nil {
+		o.Out = os.Stdout
+	}
+	if o.InputTopic == "" {
+		o.InputTopic = a.cfg.devTopic
+	}
+	if o.KeyField == "" {
+		o.KeyField = a.cfg.devKeyField
+	}
+	g, err := a.Topology()
+	if err != nil {
+		return err
+	}
+	var dumpDef table.Def
+	if o.Dump != "" {
+		for _, d := range a.tables {
+			if d.Name() == o.Dump {
+				dumpDef = d
+			}
+		}
+		if dumpDef == nil {
+			return fmt.Errorf("--dump %s: no such table (tables: %s)", o.Dump, strings.Join(a.tableNames(), ", "))
+		}
+	}
+	if o.DataDir == "" {
+		dir, err := os.MkdirTemp("", "runnel-dev-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		o.DataDir = dir
+	}
+	broker, err := embedded.Start(embedded.Options{})
+	if err != nil {
+		return err
+	}
+	defer broker.Close()
+	brokers := broker.Addrs()
+	a.cfg.Logger.Info("embedded broker started", "addrs", brokers)
+
+	w0 := &Worker{app: a, graph: g}
+	sc := kafka.NewConfig("runnel-dev", sarama.KafkaVersion{}, kafka.Timeouts{})
+	client, err := connect(brokers, sc, w0.topicSpecs())
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+
+	if o.Input != "" {
+		t, ok := g.Topic(o.InputTopic)
+		if !ok {
+			return fmt.Errorf("--input: topic %q is not declared (set it with --topic or app.WithDevInput)", o.InputTopic)
+		}
+		if err := a.loadInput(ctx, client, o, t.Partitions); err != nil {
+			return err
+		}
+	}
+
+	a.cfg.CommitInterval = min(a.cfg.CommitInterval, 300*time.Millisecond)
+	if a.cfg.Session == 0 {
+		a.cfg.Session, a.cfg.Heartbeat, a.cfg.Rebalance, a.cfg.FetchMaxWait =
+			kafka.TestTimeouts.Session, kafka.TestTimeouts.Heartbeat, kafka.TestTimeouts.Rebalance, kafka.TestTimeouts.MaxWait
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	werrs := make([]error, o.Workers)
+	for i := range o.Workers {
+		w, err := a.NewWorker(WorkerOptions{Brokers: brokers, DataDir: filepath.Join(o.DataDir, fmt.Sprintf("worker-%d", i)), Name: fmt.Sprintf("worker-%d", i)})
+		if err != nil {
+			stop()
+			wg.Wait()
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if werrs[i] = w.Run(wctx); werrs[i] != nil {
+				stop()
+			}
+		}()
+	}
+	start := time.Now()
+	lagErr := WaitForLag0(wctx, client, a.id, g.Subscriptions(), o.Timeout)
+	stop()
+	wg.Wait()
+	if err := errors.Join(werrs...); err != nil {
+		return fmt.Errorf("workers: %w", err)
+	}
+	if lagErr != nil {
+		return lagErr
+	}
+	a.cfg.Logger.Info("all input processed", "workers", o.Workers, "elapsed", time.Since(start).Round(time.Millisecond))
+
+	if dumpDef != nil {
+		m, err := ReadTable(ctx, client, dumpDef)
+		if err != nil {
+			return err
+		}
+		return writeTable(o.Out, dumpDef.Name(), m, o.JSONOut, 0)
+	}
+	for _, d := range a.tables {
+		m, err := ReadTable(ctx, client, d)
+		if err != nil {
+			return err
+		}
+		if err := writeTable(o.Out, d.Name(), m, false, o.Top); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *App) tableNames() []string {
+	var out []string
+	for _, d := range a.tables {
+		out = append(out, d.Name())
+	}
+	return out
+}
+
+func (a *App) loadInput(ctx context.Context, client sarama.Client, o DevOptions, partitions int32) error {
+	in, err := OpenInput(o.Input)
+	if err != nil {
+		return fmt.Errorf("--input: %w", err)
+	}
+	defer in.Close()
+	var total int64
+	if fi, err := os.Stat(o.Input); err == nil {
+		total = fi.Size()
+	}
+	start := time.Now()
+	var progress func(int64)
+	if o.Progress != nil {
+		cr := &countingReader{r: in}
+		progress = func(int64) { o.Progress(cr.n, total) }
+		in = struct {
+			io.Reader
+			io.Closer
+		}{cr, in}
+	}
+	st, err := SendLines(ctx, client, o.InputTopic, partitions, o.KeyField, in, progress)
+	if err != nil {
+		return fmt.Errorf("load %s into %s: %w", o.Input, o.InputTopic, err)
+	}
+	if o.Progress != nil {
+		o.Progress(total, total)
+	}
+	a.cfg.Logger.Info("input loaded", "topic", o.InputTopic, "records", st.Records, "elapsed", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// GroupLag returns, per topic and partition, the highwater minus the group's
+// committed offset (the whole highwater when nothing is committed).
+func GroupLag(client sarama.Client, group string, topics []string) (map[string]map[int32]int64, error) {
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return nil, err
+	}
+	parts := map[string][]int32{}
+	for _, t := range topics {
+		ps, err := client.Partitions(t)
+		if err != nil {
+			return nil, fmt.Errorf("partitions of %s: %w", t, err)
+		}
+		parts[t] = ps
+	}
+	resp, err := admin.ListConsumerGroupOffsets(group, parts)
+	if err != nil {
+		return nil, fmt.Errorf("offsets of group %s: %w", group, err)
+	}
+	if resp.Err != sarama.ErrNoError {
+		return nil, fmt.Errorf("offsets of group %s: %w", group, resp.Err)
+	}
+	out := map[string]map[int32]int64{}
+	for t, ps := range parts {
+		out[t] = map[int32]int64{}
+		for _, p := range ps {
+			hw, err := client.GetOffset(t, p, sarama.OffsetNewest)
+			if err != nil {
+				return nil, fmt.Errorf("highwater %s[%d]: %w", t, p, err)
+			}
+			committed := int64(0)
+			if b := resp.GetBlock(t, p); b != nil && b.Offset >= 0 {
+				committed = b.Offset
+			}
+			out[t][p] = hw - committed
+		}
+	}
+	return out, nil
+}
+
+// WaitForLag0 waits until the group's lag is 0 on every partition of topics, in
+// two checks in a row, or timeout passes (an error).
+func WaitForLag0(ctx context.Context, client sarama.Client, group string, topics []string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	zeros := 0
+	var last map[string]map[int32]int64
+	for {
+		lag, err := GroupLag(client, group, topics)
+		total := int64(0)
+		if err == nil {
+			last = lag
+			for _, m := range lag {
+				for _, l := range m {
+					total += l
+				}
+			}
+		}
+		if err == nil && total == 0 {
+			zeros++
+			if zeros >= 2 {
+				return nil
+			}
+		} else {
+			zeros = 0
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("group %s still lags after %s: %v (last error: %v)", group, timeout, last, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
+
+func writeTable(w io.Writer, name string, m map[string]any, asJSON bool, top int) error {
+	if asJSON {
+		return json.NewEncoder(w).Encode(m)
+	}
+	type kv struct {
+		k string
+		v any
+	}
+	rows := make([]kv, 0, len(m))
+	for k, v := range m {
+		rows = append(rows, kv{k, v})
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		a, aok := rows[i].v.(int64)
+		b, bok := rows[j].v.(int64)
+		if aok && bok && a != b {
+			return a > b
+		}
+		return rows[i].k < rows[j].k
+	})
+	if top > 0 && len(rows) > top {
+		rows = rows[:top]
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s (%d keys)\n", name, len(m))
+	for _, r := range rows {
+		fmt.Fprintf(&b, "  %-40s %v\n", r.k, r.v)
+	}
+	b.WriteString("\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}

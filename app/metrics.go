@@ -1,0 +1,88 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/hashicorp/go-multierror"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics are one worker's Prometheus collectors (a registry per worker, so
+// that several workers in one process, as in dev mode, do not collide).
+type metrics struct {
+	reg       *prometheus.Registry
+	committed *prometheus.CounterVec
+	restored  *prometheus.CounterVec
+}
+
+func newMetrics() *metrics {
+	m := &metrics{reg: prometheus.NewRegistry(),
+		committed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_records_advanced_total",
+			Help: "Source records advanced (resolved by every agent and marked for commit)."}, []string{"topic"}),
+		restored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_restore_records_total",
+			Help: "Changelog records replayed into local stores by active restores."}, []string{"table"}),
+	}
+	m.reg.MustRegister(m.committed, m.restored)
+	return m
+}
+
+// serveHTTP serves /healthz, /readyz, /metrics and /api/assignment on addr.
+func (w *Worker) serveHTTP(addr string) (func() error, error) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprintln(rw, "ok") })
+	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, _ *http.Request) {
+		if !w.Ready() {
+			http.Error(rw, "restoring", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(rw, "ready")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /api/assignment", func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(rw).Encode(w.Assignment())
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("http listen %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	w.log.Info("http listening", "addr", ln.Addr().String())
+	return func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return srv.Shutdown(ctx)
+	}, nil
+}
+
+func joinErrors(errs []error) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	var m *multierror.Error
+	for _, e := range errs {
+		m = multierror.Append(m, e)
+	}
+	return m
+}
+
+// errEmbedded is returned when a worker is pointed at "embedded" outside dev mode.
+var errEmbedded = errors.New(`brokers "embedded" start an in-process broker only in dev mode; run "dev", or point --brokers at a Kafka cluster`)
+
+func resolveBrokers(b []string) ([]string, error) {
+	if len(b) == 0 {
+		return nil, errors.New("no brokers configured (RUNNEL_BROKERS or --brokers)")
+	}
+	if len(b) == 1 && b[0] == "embedded" {
+		return nil, errEmbedded
+	}
+	return b, nil
+}

@@ -1,0 +1,9 @@
+// Command changeaudit is the Runnel example app: it counts change events per
+// actor and per directory. Run it on the bundled data with
+//
+//	go run ./examples/changeaudit dev --input examples/changeaudit/testdata/git-history.jsonl.gz --workers 2
+package main
+
+import "github.com/runnel-dev/runnel/examples/changeaudit/pipeline"
+
+func main() { pipeline.Build().App.Main() }

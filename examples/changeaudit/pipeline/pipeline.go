@@ -1,0 +1,87 @@
+// Package pipeline is the change-audit example: counts of change events per
+// actor and per directory, computed from a stream of pseudonymized commits.
+package pipeline
+
+import (
+	"context"
+
+	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/app"
+	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/table"
+)
+
+// Change is one change event of the input (see testdata/README of the data).
+type Change struct {
+	EventID    string   `json:"event_id"`
+	Parents    int      `json:"parents"`
+	Actor      string   `json:"actor"`
+	Committer  string   `json:"committer"`
+	OccurredAt string   `json:"occurred_at"`
+	RecordedAt string   `json:"recorded_at"`
+	Files      int      `json:"files"`
+	Added      int64    `json:"added"`
+	Deleted    int64    `json:"deleted"`
+	Dirs       []string `json:"dirs"`
+}
+
+// DirChange is one directory touched by a change, keyed by Dir on changes-by-dir.
+type DirChange struct {
+	Dir     string `json:"dir"`
+	EventID string `json:"event_id"`
+	Actor   string `json:"actor"`
+}
+
+// Pipeline is the declared app with handles on its topics and tables.
+type Pipeline struct {
+	App             *app.App
+	Events          *agent.Topic[string, Change]
+	ByDir           *agent.Topic[string, DirChange]
+	CommitsPerActor *table.Table[string, int64]
+	LinesPerActor   *table.Table[string, int64]
+	EventsPerDir    *table.Table[string, int64]
+}
+
+// Build declares the change-audit app.
+func Build(opts ...app.Option) *Pipeline {
+	opts = append([]app.Option{app.WithDevInput("change-events", "actor")}, opts...)
+	a := app.New("change-audit", opts...)
+	p := &Pipeline{App: a}
+	p.Events = app.Topic(a, "change-events", codec.String(), codec.JSON[Change](), app.Partitions(8))
+	p.ByDir = app.Topic(a, "changes-by-dir", codec.String(), codec.JSON[DirChange](), app.Partitions(8))
+	p.CommitsPerActor = table.New(a, "commits-per-actor", codec.String(), codec.DecimalInt64())
+	p.LinesPerActor = table.New(a, "lines-per-actor", codec.String(), codec.DecimalInt64())
+	p.EventsPerDir = table.New(a, "events-per-dir", codec.String(), codec.DecimalInt64())
+
+	agent.New(a, "count-by-actor", p.Events, func(ctx context.Context, s *agent.Stream[string, Change]) error {
+		for ev := range s.Events() {
+			c := ev.Value
+			if _, err := p.CommitsPerActor.Update(ev, c.Actor, func(n int64) int64 { return n + 1 }); err != nil {
+				return err
+			}
+			if _, err := p.LinesPerActor.Update(ev, c.Actor, func(n int64) int64 { return n + c.Added + c.Deleted }); err != nil {
+				return err
+			}
+		}
+		return s.Err()
+	})
+	agent.New(a, "split-by-dir", p.Events, func(ctx context.Context, s *agent.Stream[string, Change]) error {
+		for ev := range s.Events() {
+			for _, d := range ev.Value.Dirs {
+				if err := p.ByDir.Send(ev, d, DirChange{Dir: d, EventID: ev.Value.EventID, Actor: ev.Value.Actor}); err != nil {
+					return err
+				}
+			}
+		}
+		return s.Err()
+	})
+	agent.New(a, "count-by-dir", p.ByDir, func(ctx context.Context, s *agent.Stream[string, DirChange]) error {
+		for ev := range s.Events() {
+			if _, err := p.EventsPerDir.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
+				return err
+			}
+		}
+		return s.Err()
+	})
+	return p
+}

@@ -1,0 +1,68 @@
+package kafka
+
+import (
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// Timeouts are the consumer-group timing knobs. Zero fields take Sarama's
+// defaults (session 10 s, heartbeat 3 s, rebalance 60 s, fetch max wait 500 ms).
+type Timeouts struct {
+	Session   time.Duration
+	Heartbeat time.Duration
+	Rebalance time.Duration
+	MaxWait   time.Duration
+}
+
+// TestTimeouts keep groups from hanging on kfake, whose members waiting in
+// JoinGroup are evicted after the session timeout (see docs/kafka-compat.md):
+// the session must exceed heartbeat + fetch max wait + the slowest revoke.
+var TestTimeouts = Timeouts{Session: 3 * time.Second, Heartbeat: 100 * time.Millisecond,
+	Rebalance: 5 * time.Second, MaxWait: 100 * time.Millisecond}
+
+// NewConfig returns the Sarama configuration Runnel uses for one worker:
+//   - producer: idempotent, acks=all, one request in flight per broker (so
+//     delivery reports arrive in offset order per partition), manual
+//     partitioning (Runnel picks every record's partition itself, with
+//     PartitionFor for keyed records), successes returned (every derived record
+//     confirms its source);
+//   - consumer: manual commits only (auto-commit off: an offset is committed only
+//     once the record and everything derived from it is persisted), oldest offset
+//     for a new group.
+//
+// version is the protocol version the cluster speaks (see kafkaversion.Detect);
+// the zero value keeps Sarama's default.
+func NewConfig(clientID string, version sarama.KafkaVersion, t Timeouts) *sarama.Config {
+	c := sarama.NewConfig()
+	c.ClientID = clientID
+	if version != (sarama.KafkaVersion{}) {
+		c.Version = version
+	}
+	c.Producer.Idempotent = true
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Producer.Return.Successes = true
+	c.Producer.Return.Errors = true
+	c.Producer.Partitioner = sarama.NewManualPartitioner
+	c.Producer.Flush.Frequency = 2 * time.Millisecond
+	c.Producer.Flush.Bytes = 256 << 10
+	c.Producer.Retry.Max = 10
+	c.Net.MaxOpenRequests = 1
+	c.Consumer.Offsets.AutoCommit.Enable = false
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	c.Consumer.Return.Errors = true
+	c.Metadata.AllowAutoTopicCreation = false
+	if t.Session > 0 {
+		c.Consumer.Group.Session.Timeout = t.Session
+	}
+	if t.Heartbeat > 0 {
+		c.Consumer.Group.Heartbeat.Interval = t.Heartbeat
+	}
+	if t.Rebalance > 0 {
+		c.Consumer.Group.Rebalance.Timeout = t.Rebalance
+	}
+	if t.MaxWait > 0 {
+		c.Consumer.MaxWaitTime = t.MaxWait
+	}
+	return c
+}

@@ -1,0 +1,125 @@
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/IBM/sarama"
+)
+
+// DeliveryFunc receives the broker's answer for one record: its partition and
+// offset on success, or the error after Sarama's retries. It runs on the
+// producer's delivery goroutine and must not block for long.
+type DeliveryFunc func(partition int32, offset int64, err error)
+
+// Producer sends records asynchronously and reports each record's delivery to
+// the callback given with it. Delivery reports for one partition arrive in
+// offset order (idempotent producer, one request in flight).
+type Producer struct {
+	ap sarama.AsyncProducer
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	inFlight int // records sent whose delivery report has not run yet; guarded by mu
+	closed   bool
+
+	done chan struct{}
+}
+
+// NewProducer starts a producer on client. The client must be configured with
+// Producer.Return.Successes and Return.Errors (NewConfig does).
+func NewProducer(client sarama.Client) (*Producer, error) {
+	ap, err := sarama.NewAsyncProducerFromClient(client)
+	if err != nil {
+		return nil, fmt.Errorf("new producer: %w", err)
+	}
+	p := &Producer{ap: ap, done: make(chan struct{})}
+	p.cond = sync.NewCond(&p.mu)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for m := range ap.Successes() {
+			p.report(m, nil)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for e := range ap.Errors() {
+			p.report(e.Msg, e.Err)
+		}
+	}()
+	go func() { wg.Wait(); close(p.done) }()
+	return p, nil
+}
+
+func (p *Producer) report(m *sarama.ProducerMessage, err error) {
+	if f, ok := m.Metadata.(DeliveryFunc); ok && f != nil {
+		if err != nil {
+			err = fmt.Errorf("produce %s[%d]: %w", m.Topic, m.Partition, err)
+		}
+		f(m.Partition, m.Offset, err)
+	}
+	p.mu.Lock()
+	p.inFlight--
+	if p.inFlight == 0 {
+		p.cond.Broadcast()
+	}
+	p.mu.Unlock()
+}
+
+// ErrProducerClosed is returned by Send after Close.
+var ErrProducerClosed = fmt.Errorf("kafka: producer is closed")
+
+// Send queues msg for msg.Partition (the manual partitioner: callers choose the
+// partition, with PartitionFor for keyed records); done (may be nil) gets its
+// delivery report. Send returns ErrProducerClosed after Close; it blocks while
+// Sarama's input buffer is full.
+func (p *Producer) Send(msg *sarama.ProducerMessage, done DeliveryFunc) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return ErrProducerClosed
+	}
+	p.inFlight++
+	p.mu.Unlock()
+	msg.Metadata = done
+	p.ap.Input() <- msg
+	return nil
+}
+
+// Flush waits until every record sent so far has its delivery report, or ctx ends.
+func (p *Producer) Flush(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		p.cond.Broadcast()
+		p.mu.Unlock()
+	})
+	defer stop()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.inFlight > 0 {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("flush producer (%d records in flight): %w", p.inFlight, err)
+		}
+		p.cond.Wait()
+	}
+	return nil
+}
+
+// Close flushes what was queued (Sarama's AsyncClose drains the input) and
+// waits for every delivery report.
+func (p *Producer) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		<-p.done
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	p.ap.AsyncClose()
+	<-p.done
+	return nil
+}

@@ -1,0 +1,333 @@
+package table
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/runnel-dev/runnel/stores"
+)
+
+// Event is the record being processed, as tables see it: its partition, and a
+// way to bind a derived record (the changelog write) to it so that the record's
+// offset is not committed before the broker acknowledged the write.
+// agent.Event implements it.
+type Event interface {
+	// Partition is the source partition of the record; a table write goes to the
+	// same partition of the table (co-partitioning).
+	Partition() int32
+	// BindPersist binds one derived record to the event's open window. done must
+	// be called exactly once, with nil when the broker acknowledged the record.
+	// ok is false when the window is closed (the agent already pulled the next
+	// record) or the event is no longer pending.
+	BindPersist() (done func(error), ok bool)
+}
+
+// Host is what a table registers with: the App.
+type Host interface {
+	// AppID names the consumer group and prefixes the changelog topics.
+	AppID() string
+	// RegisterTable adds the table to the app's topology.
+	RegisterTable(d Def)
+}
+
+// Def is a table as the worker manages it, independent of its key and value types.
+type Def interface {
+	Name() string
+	// Changelog is the changelog topic, "<app>-<table>-changelog".
+	Changelog() string
+	// Partitions is the declared partition count, 0 when it follows the source topics.
+	Partitions() int32
+	// KeyCodec and ValueCodec name the codecs, for describe.
+	KeyCodec() string
+	ValueCodec() string
+	// Attach gives the table its runtime state on a worker (nil to detach).
+	Attach(s *State)
+	// Format renders a stored key and value for dumps; errors are user data
+	// that does not decode.
+	Format(key, value []byte) (k string, v any, err error)
+}
+
+// Option configures a table.
+type Option func(*options)
+
+type options struct{ partitions int32 }
+
+// Partitions sets the table's partition count; default: that of the source
+// topics of the app (which must then agree).
+func Partitions(n int32) Option { return func(o *options) { o.partitions = n } }
+
+// Table is a typed, partitioned key/value table. Writes are bound to the event
+// being processed (see Event); reads see the worker's own writes at once, before
+// the changelog acknowledged them.
+type Table[K any, V any] struct {
+	name, topic string
+	kc          codec.Codec[K]
+	vc          codec.Codec[V]
+	opts        options
+
+	mu    sync.RWMutex
+	state *State // set by the worker while it runs; guarded by mu
+}
+
+// New declares a table on h. The changelog topic is created by the worker.
+func New[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.Codec[V], opts ...Option) *Table[K, V] {
+	t := &Table[K, V]{name: name, topic: changelog.Topic(h.AppID(), name), kc: kc, vc: vc}
+	for _, o := range opts {
+		o(&t.opts)
+	}
+	h.RegisterTable(t)
+	return t
+}
+
+// Name returns the table name.
+func (t *Table[K, V]) Name() string { return t.name }
+
+// Changelog returns the changelog topic name.
+func (t *Table[K, V]) Changelog() string { return t.topic }
+
+// Partitions returns the declared partition count (0 = follows the sources).
+func (t *Table[K, V]) Partitions() int32 { return t.opts.partitions }
+
+// KeyCodec names the key codec.
+func (t *Table[K, V]) KeyCodec() string { return t.kc.Name() }
+
+// ValueCodec names the value codec.
+func (t *Table[K, V]) ValueCodec() string { return t.vc.Name() }
+
+// Attach is called by the worker.
+func (t *Table[K, V]) Attach(s *State) {
+	t.mu.Lock()
+	t.state = s
+	t.mu.Unlock()
+}
+
+// Format decodes a stored key and value.
+func (t *Table[K, V]) Format(key, value []byte) (string, any, error) {
+	k, err := t.kc.Decode(key)
+	if err != nil {
+		return "", nil, fmt.Errorf("table %s: key: %w", t.name, err)
+	}
+	v, err := t.vc.Decode(value)
+	if err != nil {
+		return "", nil, fmt.Errorf("table %s: value of %v: %w", t.name, k, err)
+	}
+	return fmt.Sprint(k), v, nil
+}
+
+func (t *Table[K, V]) current() (*State, error) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if t.state == nil {
+		return nil, fmt.Errorf("table %s: %w", t.name, ErrNotRunning)
+	}
+	return t.state, nil
+}
+
+// Get returns the value of key in the event's partition and whether it exists.
+func (t *Table[K, V]) Get(ev Event, key K) (V, bool, error) {
+	var zero V
+	s, err := t.current()
+	if err != nil {
+		return zero, false, err
+	}
+	kb, err := t.kc.Encode(key)
+	if err != nil {
+		return zero, false, fmt.Errorf("table %s: encode key: %w", t.name, err)
+	}
+	b, ok, err := s.get(ev.Partition(), kb)
+	if err != nil || !ok {
+		return zero, false, err
+	}
+	v, err := t.vc.Decode(b)
+	if err != nil {
+		return zero, false, fmt.Errorf("table %s: decode value: %w", t.name, err)
+	}
+	return v, true, nil
+}
+
+// Set writes value under key, bound to ev.
+func (t *Table[K, V]) Set(ev Event, key K, value V) error {
+	s, err := t.current()
+	if err != nil {
+		return err
+	}
+	kb, err := t.kc.Encode(key)
+	if err != nil {
+		return fmt.Errorf("table %s: encode key: %w", t.name, err)
+	}
+	vb, err := t.vc.Encode(value)
+	if err != nil {
+		return fmt.Errorf("table %s: encode value: %w", t.name, err)
+	}
+	return s.write(ev, kb, vb, false)
+}
+
+// Update replaces the value of key with fn(old), where old is the zero value
+// when the key is absent, and returns the new value. The write is bound to ev.
+func (t *Table[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
+	old, _, err := t.Get(ev, key)
+	if err != nil {
+		return old, err
+	}
+	nv := fn(old)
+	return nv, t.Set(ev, key, nv)
+}
+
+// Delete removes key (a tombstone in the changelog), bound to ev.
+func (t *Table[K, V]) Delete(ev Event, key K) error {
+	s, err := t.current()
+	if err != nil {
+		return err
+	}
+	kb, err := t.kc.Encode(key)
+	if err != nil {
+		return fmt.Errorf("table %s: encode key: %w", t.name, err)
+	}
+	return s.write(ev, kb, nil, true)
+}
+
+// ErrNotRunning is returned by table operations outside a running worker.
+var ErrNotRunning = errors.New("table is not attached to a running worker")
+
+// ErrNotCoPartitioned is returned for a write whose key belongs to another
+// partition than the event's. A table is partitioned like its source topic: the
+// record with key k is in partition hash(k) of the topic, and table writes of that
+// record go to the same partition of the table. Writing under a different key
+// (one that hashes elsewhere) would put the key in a partition whose owner never
+// sees it; re-key the stream through a topic first (emit to a topic keyed by the
+// new key and update the table from an agent on that topic).
+var ErrNotCoPartitioned = errors.New("key does not belong to the event's partition")
+
+// ErrNotActive is returned for a write to a partition this worker does not own.
+var ErrNotActive = errors.New("partition is not active on this worker")
+
+// ErrOutsideWindow is returned for a write made after the agent pulled the next
+// record (or after the event was resolved): it could not be bound to its event.
+var ErrOutsideWindow = errors.New("table write outside the event's window")
+
+// SendFunc produces one changelog record to partition p (value nil is a
+// tombstone) and reports the broker's answer to done.
+type SendFunc func(topic string, p int32, key, value []byte, done func(offset int64, err error)) error
+
+// State is a table's runtime on one worker: its store, the changelog producer,
+// and the writes not yet acknowledged by the broker.
+//
+// Invariant (kept by write and its delivery callback): the store holds exactly
+// the changelog's records up to the store's checkpoint offset, nothing else. A
+// local write lives in the overlay until the broker acknowledged its changelog
+// record; only then is it applied to the store, together with its offset. So
+// after a crash the store is a prefix of the changelog and restore only replays
+// the tail; an unacknowledged write is never in the store.
+type State struct {
+	name, topic string
+	partitions  int32
+	store       stores.Store
+	send        SendFunc
+
+	mu      sync.Mutex
+	seq     uint64                         // guarded by mu
+	overlay map[int32]map[string]overlayed // newest unacknowledged write per key; guarded by mu
+	active  map[int32]bool                 // partitions this worker may write; guarded by mu
+}
+
+type overlayed struct {
+	value   []byte // nil for a delete
+	deleted bool
+	seq     uint64
+}
+
+// NewState creates the runtime of table d with the given store and producer.
+func NewState(d Def, partitions int32, st stores.Store, send SendFunc) *State {
+	return &State{name: d.Name(), topic: d.Changelog(), partitions: partitions, store: st, send: send,
+		overlay: map[int32]map[string]overlayed{}, active: map[int32]bool{}}
+}
+
+// Store returns the table's store.
+func (s *State) Store() stores.Store { return s.store }
+
+// Topic returns the changelog topic.
+func (s *State) Topic() string { return s.topic }
+
+// SetActive marks partition p as owned (writable) by this worker or not.
+func (s *State) SetActive(p int32, active bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if active {
+		s.active[p] = true
+	} else {
+		delete(s.active, p)
+	}
+}
+
+func (s *State) get(p int32, key []byte) ([]byte, bool, error) {
+	s.mu.Lock()
+	if o, ok := s.overlay[p][string(key)]; ok {
+		s.mu.Unlock()
+		if o.deleted {
+			return nil, false, nil
+		}
+		return o.value, true, nil
+	}
+	s.mu.Unlock()
+	return s.store.Get(p, key)
+}
+
+func (s *State) write(ev Event, key, value []byte, del bool) error {
+	p := ev.Partition()
+	if q := kafka.PartitionFor(key, s.partitions); q != p {
+		return fmt.Errorf("table %s: write of key %q from partition %d: the key belongs to partition %d: %w", s.name, key, p, q, ErrNotCoPartitioned)
+	}
+	s.mu.Lock()
+	if !s.active[p] {
+		s.mu.Unlock()
+		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrNotActive)
+	}
+	done, ok := ev.BindPersist()
+	if !ok {
+		s.mu.Unlock()
+		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrOutsideWindow)
+	}
+	s.seq++
+	seq := s.seq
+	m := s.overlay[p]
+	if m == nil {
+		m = map[string]overlayed{}
+		s.overlay[p] = m
+	}
+	k := string(key)
+	m[k] = overlayed{value: value, deleted: del, seq: seq}
+	s.mu.Unlock()
+
+	kc := append([]byte(nil), key...)
+	err := s.send(s.topic, p, kc, value, func(offset int64, err error) {
+		if err == nil {
+			b := &stores.Batch{Offset: offset}
+			if del {
+				b.Delete(kc)
+			} else {
+				b.Put(kc, value)
+			}
+			err = s.store.Apply(p, b)
+		}
+		s.mu.Lock()
+		if o, ok := s.overlay[p][k]; ok && o.seq == seq {
+			delete(s.overlay[p], k)
+		}
+		s.mu.Unlock()
+		done(err)
+	})
+	if err != nil {
+		s.mu.Lock()
+		if o, ok := s.overlay[p][k]; ok && o.seq == seq {
+			delete(s.overlay[p], k)
+		}
+		s.mu.Unlock()
+		done(err)
+		return fmt.Errorf("table %s[%d]: send changelog record: %w", s.name, p, err)
+	}
+	return nil
+}
