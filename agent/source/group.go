@@ -1,0 +1,663 @@
+package source
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+type groupState int
+
+const (
+	starting groupState = iota // cohort grace sleep, factory call
+	running                    // poll loop live; resolutions are recorded
+	stopping                   // deliberate stop: ErrGroupStopped delivered, resolutions ignored
+	terminal                   // error delivered to every subscriber, resolutions ignored
+)
+
+// bindState is the state of one (record, subscriber) pair; see the state
+// machine in ack-mode.md §1.4.
+type bindState uint8
+
+const (
+	bQueued   bindState = iota // fanned out, not yet pulled
+	bOpen                      // the subscriber's open window
+	bClosed                    // window closed, waiting for confirmations (seqs non-empty)
+	bResolved                  // acked, failed or rejected: terminal, later resolutions are no-ops
+)
+
+type binding struct {
+	sub   *subscriber
+	state bindState
+	// seqs are the unconfirmed persist tokens bound in this window.
+	// Invariant: state==bClosed implies len(seqs)>0; state==bResolved implies seqs==nil.
+	seqs []uint64
+}
+
+// entry is one fanned-out record of an ack-mode group.
+type entry struct {
+	id      uint64
+	rec     *Record
+	payload any
+	lane    *lane
+	created time.Time
+	// binds has one binding per member of the fan-out snapshot, in
+	// subscription order. The slice never changes length after fan-out.
+	binds []binding
+	// pending counts bindings not yet bResolved. The entry is resolved when
+	// pending==0; only the pump removes entries (from their lane head).
+	pending int
+	out     Outcome
+	causes  []error
+	inline  [1]binding // backing store of binds for a single-member snapshot
+}
+
+// lane is the FIFO of one ordering lane: entries in fan-out order. q[head:]
+// are the outstanding entries; the pump pops only resolved entries, only
+// from the head.
+type lane struct {
+	key     any
+	q       []*entry
+	head    int
+	deleted bool // removed from group.lanes (the pump's snapshot may still hold it)
+}
+
+type queueItem struct {
+	rec *Record
+	e   *entry // nil on the fast path
+	bi  int
+}
+
+type subscriber struct {
+	g      *group
+	id     string
+	notify chan struct{} // capacity 1: a record or an error may be waiting
+
+	// Fields below are guarded by g.mu.
+	queue []queueItem // queue[qhead:] are the queued records, at most QueueSize
+	qhead int
+	// err, once set, is returned by Next when the queue is empty; it is set
+	// together with draining the queue (overflow, ack timeout, stop, terminal).
+	err    error
+	failed bool // overflow or ack timeout: excluded from later snapshots
+	gone   bool // unsubscribed
+	// win, winIdx name the open window (ack mode): the binding win.binds[winIdx]
+	// of the record last returned by Next. Invariant: at most one window per
+	// subscriber; win==nil between Next calls that returned no record.
+	win    *entry
+	winIdx int
+}
+
+func (s *subscriber) qlen() int { return len(s.queue) - s.qhead }
+
+func (s *subscriber) push(it queueItem) {
+	s.queue = append(s.queue, it)
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (s *subscriber) pop() queueItem {
+	it := s.queue[s.qhead]
+	s.queue[s.qhead] = queueItem{}
+	s.qhead++
+	if s.qhead == len(s.queue) {
+		s.queue, s.qhead = s.queue[:0], 0
+	}
+	return it
+}
+
+// failLocked drains the queue and makes err the next thing Next returns.
+func (s *subscriber) failLocked(err error) {
+	clear(s.queue)
+	s.queue, s.qhead = s.queue[:0], 0
+	s.err = err
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// group is one shared source: one poll loop, one advance pump, one ack-timeout
+// scanner (the latter two only in ack mode).
+type group struct {
+	m       *Manager
+	key     string
+	ack     bool
+	factory ProducerFactory
+	open    OpenFunc
+
+	ctx    context.Context // poll context: cancelled by stop or termination
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the runner finished: goroutines joined, producer closed
+
+	pumpWake chan struct{} // capacity 1
+	pumpStop chan struct{} // closed by the runner once the poll and the scanner ended
+
+	// producer is written by the runner before the pump and the poll start
+	// and is read-only afterwards.
+	producer Producer
+	// laneScratch is owned by the pump goroutine.
+	laneScratch []*lane
+
+	mu    sync.Mutex
+	state groupState // guarded by mu; only moves forward
+	// subs are the registered subscribers in subscription order (guarded by mu).
+	subs      []*subscriber
+	nextEvent uint64 // guarded by mu
+	nextSeq   uint64 // guarded by mu
+	// lanes in insertion order; a lane is deleted when its FIFO empties and
+	// recreated at the end on its next record (guarded by mu).
+	lanes   []*lane
+	laneIdx map[any]*lane
+	// spaceCh is non-nil while emit waits for queue room (Backpressure); it is
+	// closed when room may have appeared (guarded by mu).
+	spaceCh chan struct{}
+}
+
+func newGroup(m *Manager, key string, factory ProducerFactory, open OpenFunc) *group {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &group{
+		m: m, key: key, ack: factory != nil, factory: factory, open: open,
+		ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		pumpWake: make(chan struct{}, 1), pumpStop: make(chan struct{}),
+		laneIdx: make(map[any]*lane),
+	}
+}
+
+func (g *group) wakePump() {
+	select {
+	case g.pumpWake <- struct{}{}:
+	default:
+	}
+}
+
+func (g *group) wakeEmitLocked() {
+	if g.spaceCh != nil {
+		close(g.spaceCh)
+		g.spaceCh = nil
+	}
+}
+
+// beginStopLocked moves a live group to stopping (err==nil: ErrGroupStopped is
+// delivered) or terminal (err delivered) and cancels the poll. The caller
+// holds Manager.mu and g.mu and has evicted the key. It is a no-op on a group
+// already stopping or terminal, so a terminal error is never replaced.
+func (g *group) beginStopLocked(err error) {
+	if g.state >= stopping {
+		return
+	}
+	deliver := err
+	if err == nil {
+		g.state = stopping
+		deliver = fmt.Errorf("shared stream %q: %w", g.key, ErrGroupStopped)
+	} else {
+		g.state = terminal
+	}
+	for _, s := range g.subs {
+		s.failLocked(deliver)
+	}
+	g.wakeEmitLocked()
+	g.cancel()
+}
+
+// terminate makes the group terminal with err unless it is already stopping:
+// evict the key, deliver err to every subscriber, cancel the poll. Called
+// without g.mu held.
+func (g *group) terminate(err error) {
+	m := g.m
+	m.mu.Lock()
+	g.mu.Lock()
+	if g.state < stopping {
+		if m.groups[g.key] == g {
+			delete(m.groups, g.key)
+		}
+		g.beginStopLocked(err)
+		m.log.Error("shared source terminated", "source", g.key, "err", err)
+	}
+	g.mu.Unlock()
+	m.mu.Unlock()
+}
+
+// run is the group's runner goroutine: grace, factory, poll, teardown.
+func (g *group) run() {
+	defer func() {
+		g.cancel()
+		g.m.mu.Lock()
+		delete(g.m.all, g)
+		g.m.mu.Unlock()
+		close(g.done)
+	}()
+	if d := g.m.cfg.CohortGrace; d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-g.ctx.Done():
+			t.Stop()
+			return // stop during grace: no factory call, no Open, no Close
+		}
+	}
+	if g.ctx.Err() != nil {
+		return
+	}
+	if !g.ack {
+		g.setRunning()
+		err := g.open(g.ctx, g.emitFast)
+		g.pollEnded(err)
+		return
+	}
+	p, err := g.factory(g.ctx)
+	if err != nil || p == nil {
+		if p != nil {
+			g.closeProducer(p)
+		}
+		if err == nil {
+			err = errors.New("factory returned a nil producer")
+		}
+		g.terminate(fmt.Errorf("shared stream %q: create producer: %w", g.key, err))
+		return
+	}
+	g.producer = p
+	if !g.setRunning() {
+		g.closeProducer(p)
+		return
+	}
+	scanDone := make(chan struct{})
+	go func() {
+		defer close(scanDone)
+		g.scan()
+	}()
+	pumpDone := make(chan struct{})
+	go func() {
+		defer close(pumpDone)
+		g.pump()
+	}()
+	err = p.Open(g.ctx, g.emit)
+	g.pollEnded(err)
+	// The group is now stopping or terminal and g.ctx is cancelled.
+	<-scanDone
+	close(g.pumpStop)
+	<-pumpDone
+	g.closeProducer(p)
+}
+
+func (g *group) setRunning() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.state != starting {
+		return false
+	}
+	g.state = running
+	return true
+}
+
+// pollEnded terminates the group when the poll returned on its own (a no-op
+// after a stop or a termination, whose cancel made it return).
+func (g *group) pollEnded(err error) {
+	if err == nil {
+		err = ErrPollEnded
+	}
+	g.terminate(fmt.Errorf("shared stream %q: poll: %w", g.key, err))
+}
+
+func (g *group) closeProducer(p Producer) {
+	if err := p.Close(); err != nil {
+		g.m.log.Warn("Producer close failed", "source", g.key, "err", err)
+	}
+}
+
+// comparableLane reports an error instead of panicking when a lane cannot be
+// a map key (a slice, a map, a func, or a struct holding one).
+func comparableLane(k any) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("lane %T is not comparable: %v", k, r)
+		}
+	}()
+	_ = k == k //nolint:staticcheck // the comparison is the check: it panics on non-comparable dynamic types
+	return nil
+}
+
+// waitRoomLocked blocks (releasing g.mu) while Backpressure applies and a
+// snapshot member's queue is full. It returns with g.mu held; false when the
+// group is no longer running.
+func (g *group) waitRoomLocked() bool {
+	for {
+		if g.state != running {
+			return false
+		}
+		if g.m.cfg.Overflow != Backpressure || !g.someFullLocked() {
+			return true
+		}
+		if g.spaceCh == nil {
+			g.spaceCh = make(chan struct{})
+		}
+		ch := g.spaceCh
+		g.mu.Unlock()
+		select {
+		case <-ch:
+		case <-g.ctx.Done():
+		}
+		g.mu.Lock()
+	}
+}
+
+func (g *group) someFullLocked() bool {
+	for _, s := range g.subs {
+		if !s.failed && s.qlen() >= g.m.cfg.QueueSize {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *group) stoppedErr() error {
+	if err := g.ctx.Err(); err != nil {
+		return err
+	}
+	return ErrGroupStopped
+}
+
+// emitFast fans rec out on the fast path: no entry, no bookkeeping.
+func (g *group) emitFast(rec *Record) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.waitRoomLocked() {
+		return g.stoppedErr()
+	}
+	for _, s := range g.subs {
+		if s.failed {
+			continue
+		}
+		if s.qlen() >= g.m.cfg.QueueSize {
+			g.overflowLocked(s)
+			continue
+		}
+		s.push(queueItem{rec: rec})
+	}
+	return nil
+}
+
+// emit fans one record out in ack mode (ack-mode.md §1.3).
+func (g *group) emit(rec *Record, payload any) error {
+	if err := g.ctx.Err(); err != nil {
+		return err
+	}
+	key, err := g.producer.Lane(payload)
+	if err == nil {
+		err = comparableLane(key)
+	}
+	if err != nil {
+		err = fmt.Errorf("shared stream %q: lane of record %s[%d]@%d: %w", g.key, rec.Topic, rec.Partition, rec.Offset, err)
+		g.terminate(err)
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.waitRoomLocked() {
+		return g.stoppedErr()
+	}
+	ln := g.laneIdx[key]
+	if ln == nil {
+		ln = &lane{key: key}
+		g.laneIdx[key] = ln
+		g.lanes = append(g.lanes, ln)
+	}
+	e := &entry{id: g.nextEvent, rec: rec, payload: payload, lane: ln, created: g.m.now()}
+	g.nextEvent++
+	n := 0
+	for _, s := range g.subs {
+		if !s.failed {
+			n++
+		}
+	}
+	if n == 1 {
+		e.binds = e.inline[:0]
+	} else {
+		e.binds = make([]binding, 0, n)
+	}
+	for _, s := range g.subs {
+		if !s.failed {
+			e.binds = append(e.binds, binding{sub: s})
+		}
+	}
+	e.pending = n
+	ln.q = append(ln.q, e)
+	if n == 0 {
+		// Born resolved (0,0,0): not clean, still in lane order.
+		if ln.q[ln.head] == e {
+			g.wakePump()
+		}
+		return nil
+	}
+	for i := range e.binds {
+		s := e.binds[i].sub
+		if s.failed { // failed earlier in this loop? cannot happen, but keep the binding resolved
+			continue
+		}
+		if s.qlen() >= g.m.cfg.QueueSize {
+			g.overflowLocked(s) // resolves e.binds[i] FAILED with the others
+			continue
+		}
+		s.push(queueItem{rec: rec, e: e, bi: i})
+	}
+	return nil
+}
+
+// overflowLocked fails s for overflow (FailSubscriber policy).
+func (g *group) overflowLocked(s *subscriber) {
+	err := &OverflowError{Key: g.key, ID: s.id, QueueSize: g.m.cfg.QueueSize}
+	g.m.log.Warn("shared stream subscriber overflow", "source", g.key, "subscriber", s.id, "err", err)
+	g.failSubscriberLocked(s, err)
+}
+
+// failSubscriberLocked excludes s from later snapshots, replaces its queue by
+// err, and resolves it FAILED in every outstanding entry.
+func (g *group) failSubscriberLocked(s *subscriber, err error) {
+	s.failed = true
+	s.failLocked(err)
+	g.wakeEmitLocked()
+	g.failEverywhereLocked(s, err)
+}
+
+// failEverywhereLocked resolves every unresolved binding of s FAILED.
+func (g *group) failEverywhereLocked(s *subscriber, cause error) {
+	for _, ln := range g.lanes {
+		for _, e := range ln.q[ln.head:] {
+			if e.pending == 0 {
+				continue
+			}
+			for i := range e.binds {
+				if e.binds[i].sub == s && e.binds[i].state != bResolved {
+					g.resolveLocked(e, i, outFailed, cause)
+				}
+			}
+		}
+	}
+}
+
+type outcomeKind uint8
+
+const (
+	outAcked outcomeKind = iota
+	outFailed
+	outRejected
+)
+
+// resolveLocked resolves binding i of e exactly once and wakes the pump when
+// e became a resolved lane head.
+func (g *group) resolveLocked(e *entry, i int, k outcomeKind, cause error) {
+	b := &e.binds[i]
+	if b.state == bResolved {
+		return
+	}
+	b.state = bResolved
+	b.seqs = nil
+	switch k {
+	case outAcked:
+		e.out.Acked++
+	case outFailed:
+		e.out.Failed++
+	case outRejected:
+		e.out.Rejected++
+	}
+	if cause != nil {
+		e.causes = append(e.causes, cause)
+	}
+	e.pending--
+	if e.pending == 0 && !e.lane.deleted && e.lane.q[e.lane.head] == e {
+		g.wakePump()
+	}
+}
+
+// closeWindowLocked closes s's open window: ACKED when nothing bound in it is
+// unconfirmed, otherwise it waits for the confirmations (bClosed).
+func (g *group) closeWindowLocked(s *subscriber) {
+	e, i := s.win, s.winIdx
+	s.win = nil
+	if e == nil || g.state != running {
+		return
+	}
+	b := &e.binds[i]
+	if b.state != bOpen {
+		return
+	}
+	if len(b.seqs) == 0 {
+		g.resolveLocked(e, i, outAcked, nil)
+	} else {
+		b.state = bClosed
+	}
+}
+
+// pump is the single advance pump (ack-mode.md §1.9): at most one Advance in
+// flight, one batch per lane per pass, passes repeated while they progress;
+// after pumpStop it drains what is resolved and exits.
+func (g *group) pump() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stopping := false
+	for {
+		select {
+		case <-g.pumpWake:
+		case <-g.pumpStop:
+			stopping = true
+		}
+		for {
+			progressed, err := g.pass(ctx)
+			if err != nil {
+				g.m.log.Error("Producer advance raised; terminating shared-stream group", "source", g.key, "err", err)
+				g.terminate(fmt.Errorf("shared stream %q: advance: %w", g.key, err))
+				return
+			}
+			if !progressed {
+				break
+			}
+		}
+		if stopping {
+			return
+		}
+	}
+}
+
+func (g *group) pass(ctx context.Context) (bool, error) {
+	g.mu.Lock()
+	lanes := append(g.laneScratch[:0], g.lanes...)
+	g.mu.Unlock()
+	progressed := false
+	for _, ln := range lanes {
+		g.mu.Lock()
+		batch := g.harvestLocked(ln)
+		g.mu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
+		progressed = true
+		if err := g.producer.Advance(ctx, batch); err != nil {
+			return progressed, err
+		}
+	}
+	clear(lanes)
+	g.laneScratch = lanes[:0]
+	return progressed, nil
+}
+
+// harvestLocked pops the maximal resolved prefix of ln and deletes ln when it
+// empties.
+func (g *group) harvestLocked(ln *lane) []AdvanceItem {
+	var batch []AdvanceItem
+	for ln.head < len(ln.q) && ln.q[ln.head].pending == 0 {
+		e := ln.q[ln.head]
+		ln.q[ln.head] = nil
+		ln.head++
+		batch = append(batch, AdvanceItem{Record: e.rec, Payload: e.payload, Outcome: e.out, Causes: e.causes})
+	}
+	if ln.deleted {
+		return batch
+	}
+	switch {
+	case ln.head == len(ln.q):
+		ln.deleted = true
+		delete(g.laneIdx, ln.key)
+		g.lanes = slices.DeleteFunc(g.lanes, func(x *lane) bool { return x == ln })
+	case ln.head > 64 && ln.head*2 > len(ln.q):
+		n := copy(ln.q, ln.q[ln.head:])
+		clear(ln.q[n:])
+		ln.q, ln.head = ln.q[:n], 0
+	}
+	return batch
+}
+
+// scan is the ack-timeout scanner (ack-mode.md §1.8).
+func (g *group) scan() {
+	t := time.NewTicker(g.m.cadence)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.ctx.Done():
+			return
+		case <-t.C:
+			g.scanOnce()
+		}
+	}
+}
+
+func (g *group) scanOnce() {
+	now := g.m.now()
+	timeout := g.m.cfg.AckTimeout
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.state != running {
+		return
+	}
+	var due []*entry
+	for _, ln := range g.lanes {
+		for _, e := range ln.q[ln.head:] {
+			if e.pending > 0 && now.Sub(e.created) >= timeout {
+				due = append(due, e)
+			}
+		}
+	}
+	slices.SortFunc(due, func(a, b *entry) int { return cmp.Compare(a.id, b.id) })
+	for _, e := range due {
+		for i := range e.binds {
+			b := &e.binds[i]
+			if b.state == bResolved {
+				continue
+			}
+			s := b.sub
+			err := &AckTimeoutError{Key: g.key, ID: s.id, EventID: e.id, Offset: e.rec.Offset, Timeout: timeout}
+			if !s.gone && !s.failed {
+				g.m.log.Warn("shared stream ack timeout", "source", g.key, "subscriber", s.id, "offset", e.rec.Offset, "err", err)
+				s.failed = true
+				s.failLocked(err)
+				g.wakeEmitLocked()
+			}
+			g.failEverywhereLocked(s, err)
+		}
+	}
+}

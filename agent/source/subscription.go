@@ -1,0 +1,276 @@
+package source
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Subscription is one subscriber (an agent instance) of a shared source. Its
+// methods Next and Unsubscribe are meant for the subscriber's own goroutine;
+// Token methods may be called from any goroutine.
+type Subscription struct{ s *subscriber }
+
+// Key returns the shared source key; ID the subscriber id.
+func (s *Subscription) Key() string { return s.s.g.key }
+
+// ID returns the subscriber id given to Subscribe.
+func (s *Subscription) ID() string { return s.s.id }
+
+// Next closes the window of the previous delivery (ACKED at once when nothing
+// bound in it is unconfirmed, otherwise when the last token confirms), then
+// waits for the next record. The window closes when the subscriber asks for
+// the next record, not when one arrives.
+//
+// Errors: ctx.Err(); ErrGroupStopped (wrapped) after Stop/StopAll or the last
+// unsubscribe; *OverflowError; *AckTimeoutError; the producer's error or
+// ErrPollEnded (wrapped) when the group terminated; ErrUnsubscribed after
+// Unsubscribe. Once an error other than ctx.Err() is returned, every later
+// call returns it too.
+func (s *Subscription) Next(ctx context.Context) (*Delivery, error) {
+	sub := s.s
+	g := sub.g
+	g.mu.Lock()
+	g.closeWindowLocked(sub)
+	for {
+		if sub.gone {
+			g.mu.Unlock()
+			return nil, ErrUnsubscribed
+		}
+		if sub.qlen() > 0 {
+			it := sub.pop()
+			g.wakeEmitLocked()
+			d := &Delivery{Record: it.rec, s: sub, e: it.e, i: it.bi}
+			if it.e != nil && it.e.binds[it.bi].state == bQueued {
+				it.e.binds[it.bi].state = bOpen
+				sub.win, sub.winIdx = it.e, it.bi
+			}
+			g.mu.Unlock()
+			return d, nil
+		}
+		if sub.err != nil {
+			err := sub.err
+			g.mu.Unlock()
+			return nil, err
+		}
+		g.mu.Unlock()
+		select {
+		case <-sub.notify:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		g.mu.Lock()
+	}
+}
+
+// Unsubscribe removes the subscriber (ack-mode.md §1.5, GONE): its queue is
+// dropped; records it never pulled count FAILED; its open window is closed
+// and counts ACKED when nothing bound in it is unconfirmed (otherwise it keeps
+// waiting for the confirmations). With cause != nil the open window counts
+// FAILED with that cause instead (deviation 3: the reference counts it ACKED,
+// committing a record the subscriber crashed on). Windows closed earlier keep
+// waiting for their confirmations. When it was the last subscriber the group
+// stops and Unsubscribe waits for its drain. Calling it twice is a no-op.
+func (s *Subscription) Unsubscribe(cause error) {
+	sub := s.s
+	g := sub.g
+	m := g.m
+	m.mu.Lock()
+	g.mu.Lock()
+	if sub.gone {
+		g.mu.Unlock()
+		m.mu.Unlock()
+		return
+	}
+	sub.gone = true
+	sub.failed = false
+	clear(sub.queue)
+	sub.queue, sub.qhead = nil, 0
+	win, winIdx := sub.win, sub.winIdx
+	sub.win = nil
+	for i, x := range g.subs {
+		if x == sub {
+			g.subs = append(g.subs[:i], g.subs[i+1:]...)
+			break
+		}
+	}
+	if g.state == running {
+		for _, ln := range g.lanes {
+			for _, e := range ln.q[ln.head:] {
+				if e.pending == 0 {
+					continue
+				}
+				for i := range e.binds {
+					b := &e.binds[i]
+					if b.sub != sub || b.state == bResolved {
+						continue
+					}
+					switch {
+					case b.state == bQueued:
+						g.resolveLocked(e, i, outFailed, fmt.Errorf("subscriber %s unsubscribed before pulling the record", sub.id))
+					case b.state == bOpen && (e != win || i != winIdx):
+						// Cannot happen (one window per subscriber); treat it as the window.
+						fallthrough
+					case b.state == bOpen:
+						if cause != nil {
+							g.resolveLocked(e, i, outFailed, cause)
+						} else if len(b.seqs) == 0 {
+							g.resolveLocked(e, i, outAcked, nil)
+						} else {
+							b.state = bClosed
+						}
+					}
+				}
+			}
+		}
+	}
+	select {
+	case sub.notify <- struct{}{}:
+	default:
+	}
+	g.wakeEmitLocked()
+	last := len(g.subs) == 0 && m.groups[g.key] == g
+	if last {
+		delete(m.groups, g.key)
+		g.beginStopLocked(nil)
+	}
+	g.mu.Unlock()
+	m.mu.Unlock()
+	if last {
+		<-g.done
+	}
+}
+
+// Delivery is one record handed to one subscriber; its binding window is open
+// from Next's return until the next Next or Unsubscribe. A Delivery whose
+// window closed is stale: Bind and Reject on it are no-ops (deviation 2).
+type Delivery struct {
+	Record *Record
+
+	s *subscriber
+	e *entry // nil on the fast path
+	i int
+}
+
+// Bind binds one derived record (a sink record, a changelog record) to d's
+// window and returns its persist token: d's subscriber is not acked on the
+// record until the token is confirmed. ok is false (and the returned Token is
+// a no-op) when the window is closed, the binding was already resolved
+// (rejected or failed), the group is on the fast path, or the group stopped.
+// A derived record must be bound before the subscriber calls Next again.
+func (d *Delivery) Bind() (tok Token, ok bool) {
+	if d.e == nil {
+		return Token{}, false
+	}
+	g := d.s.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.state != running || d.s.win != d.e || d.s.winIdx != d.i {
+		return Token{}, false
+	}
+	b := &d.e.binds[d.i]
+	if b.state != bOpen {
+		return Token{}, false
+	}
+	seq := g.nextSeq
+	g.nextSeq++
+	b.seqs = append(b.seqs, seq)
+	return Token{g: g, e: d.e, i: d.i, seq: seq}, true
+}
+
+// Reject resolves d's record REJECTED for this subscriber now (terminal:
+// the producer dead-letters it); tokens already bound in the window are
+// dropped and later Binds return false. It returns true when it took effect.
+// Outside d's open window (stale delivery, fast path, after a failure or a
+// previous reject) it does nothing; outside a window it logs a warning.
+func (d *Delivery) Reject(reason error) bool {
+	g := d.s.g
+	if d.e == nil {
+		g.m.log.Warn("reject_shared_stream_event called outside an ack-mode binding window; ignored", "source", g.key, "subscriber", d.s.id)
+		return false
+	}
+	g.mu.Lock()
+	if g.state != running || d.s.win != d.e || d.s.winIdx != d.i {
+		g.mu.Unlock()
+		g.m.log.Warn("reject_shared_stream_event called outside an ack-mode binding window; ignored", "source", g.key, "subscriber", d.s.id)
+		return false
+	}
+	if d.e.binds[d.i].state != bOpen {
+		g.mu.Unlock()
+		return false
+	}
+	if reason == nil {
+		reason = errors.New("rejected")
+	}
+	g.resolveLocked(d.e, d.i, outRejected, reason)
+	g.mu.Unlock()
+	g.m.log.Info("shared stream record rejected", "source", g.key, "subscriber", d.s.id, "offset", d.Record.Offset, "reason", reason)
+	return true
+}
+
+// Token is the persist token of one derived record bound to a window. The
+// zero Token is a no-op. Its methods are safe from any goroutine; duplicate
+// and stale calls (after the binding resolved, or after the group stopped)
+// are no-ops.
+type Token struct {
+	g   *group
+	e   *entry
+	i   int
+	seq uint64
+}
+
+// Confirm records that the derived record is durable (the broker
+// acknowledged it, acks=all, or its transaction committed).
+func (t Token) Confirm() {
+	if t.g == nil {
+		return
+	}
+	g := t.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b, ok := t.takeLocked()
+	if !ok {
+		return
+	}
+	if b.state == bClosed && len(b.seqs) == 0 {
+		g.resolveLocked(t.e, t.i, outAcked, nil)
+	}
+}
+
+// Fail records that delivering the derived record failed: the record is
+// resolved FAILED for this subscriber at once with err as its cause
+// (deviation 4: the reference waits for the ack timeout). The subscriber
+// itself stays healthy.
+func (t Token) Fail(err error) {
+	if t.g == nil {
+		return
+	}
+	g := t.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := t.takeLocked(); !ok {
+		return
+	}
+	if err == nil {
+		err = errors.New("delivery failed")
+	}
+	g.resolveLocked(t.e, t.i, outFailed, fmt.Errorf("derived record delivery: %w", err))
+}
+
+// takeLocked removes t's seq from its binding; false when it is stale.
+func (t Token) takeLocked() (*binding, bool) {
+	if t.g.state != running {
+		return nil, false
+	}
+	b := &t.e.binds[t.i]
+	if b.state == bResolved {
+		return nil, false
+	}
+	for k, s := range b.seqs {
+		if s == t.seq {
+			b.seqs = append(b.seqs[:k], b.seqs[k+1:]...)
+			return b, true
+		}
+	}
+	return nil, false
+}

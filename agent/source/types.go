@@ -1,0 +1,164 @@
+package source
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Header is one record header (Kafka record headers, KIP-82).
+type Header struct{ Key, Value []byte }
+
+// Record is one fetched record as the producer emits it. For non-Kafka
+// producers Topic/Partition/Offset may be zero; the manager never reads them.
+type Record struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   []Header
+	Timestamp time.Time
+}
+
+// Outcome counts how the members of a record's fan-out snapshot resolved it.
+// For every advanced record Acked+Failed+Rejected equals the snapshot size.
+type Outcome struct{ Acked, Failed, Rejected int }
+
+// Clean reports whether every subscriber accepted the record: Failed==0,
+// Rejected==0 and Acked>0. A record fanned out to zero subscribers (0,0,0) is
+// not clean: nothing accepted it, so a producer must not commit past it
+// (reference v3 is_clean; v2 said it was clean).
+func (o Outcome) Clean() bool { return o.Failed == 0 && o.Rejected == 0 && o.Acked > 0 }
+
+// AdvanceItem is one resolved record handed to Producer.Advance.
+type AdvanceItem struct {
+	Record  *Record
+	Payload any // the broker payload given to emit
+	Outcome Outcome
+	// Causes holds the reject reasons and failure causes of this record's
+	// subscribers (for dead-letter headers and logs), in resolution order.
+	Causes []error
+}
+
+// Producer is the upstream of one shared source (a Kafka partition's poll
+// loop, a NATS consumer, ...). The manager calls Open once, Lane and Advance
+// from its own goroutines, and Close once after Open returned and the advance
+// pump stopped.
+type Producer interface {
+	// Open runs the poll loop: it calls emit for every record, in order, from
+	// one goroutine, until ctx is done or it fails. emit blocks while a
+	// subscriber queue is full when the manager's Overflow policy is
+	// Backpressure, and returns ctx.Err() when ctx is done (or the group's
+	// terminal error when the record could not be fanned out). Returning (nil
+	// or an error) while ctx is not done terminates the group: ErrPollEnded
+	// (or the error) is delivered to every subscriber.
+	Open(ctx context.Context, emit func(rec *Record, payload any) error) error
+	// Lane returns the ordering lane of a payload; it must be comparable (a
+	// map key). Kafka: the partition. Called once per record, before fan-out,
+	// on the poll goroutine; it must not block. An error or a non-comparable
+	// lane terminates the group and the record is not fanned out.
+	Lane(payload any) (any, error)
+	// Advance is called by the single pump with the longest contiguous
+	// resolved prefix of one lane, in fan-out order, never concurrently,
+	// never after Close. ctx is not cancelled by a stop (a stop drains the
+	// resolved prefixes through Advance). An error terminates the group: the
+	// batch and every outstanding record are abandoned for redelivery.
+	Advance(ctx context.Context, batch []AdvanceItem) error
+	// Close releases the producer. Errors are logged as warnings.
+	Close() error
+}
+
+// ProducerFactory builds the producer of a group. It is called once per group,
+// after the cohort grace period, with a context cancelled when the group stops.
+type ProducerFactory func(ctx context.Context) (Producer, error)
+
+// OpenFunc is the upstream of a fast-path group (see Manager.SubscribeFast):
+// it calls emit for every record until ctx is done. Same contract as
+// Producer.Open, without payloads, lanes or advance.
+type OpenFunc func(ctx context.Context, emit func(rec *Record) error) error
+
+// Overflow is what happens when a subscriber's queue is full at fan-out.
+type Overflow int
+
+const (
+	// FailSubscriber fails only the overflowing subscriber with an
+	// *OverflowError (reference behaviour; external sources). Siblings and
+	// the group are unaffected.
+	FailSubscriber Overflow = iota
+	// Backpressure makes emit block until every snapshot member has room
+	// (Kafka sources, DESIGN.md §3: pause fetching instead of failing).
+	Backpressure
+)
+
+// Config configures a Manager. Zero fields take the documented defaults.
+type Config struct {
+	// QueueSize is the per-subscriber queue capacity in records. Default 1024
+	// (Airflow shared_stream_subscriber_queue_size). Negative is an error.
+	QueueSize int
+	// AckTimeout bounds how long a subscriber may take to resolve a record,
+	// measured from fan-out. Default 300 s. The scanner runs every
+	// max(10ms, AckTimeout/10) and fails a subscriber when elapsed >= AckTimeout,
+	// so the effective timeout lies in [AckTimeout, AckTimeout+cadence).
+	// Negative is an error.
+	AckTimeout time.Duration
+	// CohortGrace delays the factory call of a new group so that subscribers
+	// starting together share one snapshot. Default 0 (no delay).
+	CohortGrace time.Duration
+	// Overflow is the queue-full policy. Default FailSubscriber.
+	Overflow Overflow
+	// Logger receives lifecycle logs. Default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock used for fan-out times and the ack timeout. Default
+	// time.Now.
+	Now func() time.Time
+}
+
+// Defaults of Config.
+const (
+	DefaultQueueSize  = 1024
+	DefaultAckTimeout = 300 * time.Second
+	// minScanCadence is the floor of the ack-timeout scanner cadence.
+	minScanCadence = 10 * time.Millisecond
+)
+
+var (
+	// ErrGroupStopped is returned by Subscription.Next when the group was
+	// stopped deliberately (Manager.Stop, Manager.StopAll). Deviation from the
+	// reference, which reports nothing on a cancel.
+	ErrGroupStopped = errors.New("shared source stopped")
+	// ErrPollEnded is delivered to every subscriber when Producer.Open
+	// returned nil while its context was not done.
+	ErrPollEnded = errors.New("shared source returned without an error; shared sources are expected to run for the lifetime of the group")
+	// ErrUnsubscribed is returned by Subscription.Next after Unsubscribe.
+	ErrUnsubscribed = errors.New("subscription ended")
+)
+
+// OverflowError is delivered to a subscriber whose queue was full at fan-out
+// under the FailSubscriber policy.
+type OverflowError struct {
+	Key, ID   string
+	QueueSize int
+}
+
+func (e *OverflowError) Error() string {
+	return fmt.Sprintf("shared stream %q fell behind for trigger %s: subscriber queue exceeded maxsize=%d", e.Key, e.ID, e.QueueSize)
+}
+
+// AckTimeoutError is delivered to a subscriber that did not resolve a record
+// within the ack timeout (still on the record, or its derived records not yet
+// confirmed).
+type AckTimeoutError struct {
+	Key, ID string
+	// EventID is the group-local fan-out sequence number of the record (0-based).
+	EventID uint64
+	Offset  int64 // Record.Offset of the timed-out record
+	Timeout time.Duration
+}
+
+func (e *AckTimeoutError) Error() string {
+	return fmt.Sprintf("shared stream %q trigger %s did not finish processing event %d (offset %d) within %s (still on the event, or its trigger events not yet confirmed persisted)",
+		e.Key, e.ID, e.EventID, e.Offset, e.Timeout)
+}
