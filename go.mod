@@ -2,10 +2,12 @@ module github.com/runnel-dev/runnel
 
 go 1.26.0
 
-require github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
+require (
+	github.com/IBM/sarama v1.61.1
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
+)
 
 require (
-	github.com/IBM/sarama v1.61.1 // indirect
 	github.com/davecgh/go-spew v1.1.1 // indirect
 	github.com/eapache/go-resiliency v1.7.0 // indirect
 	github.com/hashicorp/go-uuid v1.0.3 // indirect
@@ -22,5 +24,4 @@ require (
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/net v0.59.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
-	pgregory.net/rapid v1.3.0 // indirect
 )
