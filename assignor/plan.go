@@ -1,0 +1,814 @@
+package assignor
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// Default values applied by PlanAssignment when a Cluster field is zero.
+const (
+	// DefaultAcceptableRecoveryLag is KIP-441's acceptable.recovery.lag default:
+	// a member whose changelog lag is at most this many offsets is "caught up".
+	DefaultAcceptableRecoveryLag int64 = 10000
+	// DefaultMaxWarmupReplicas is KIP-441's max.warmup.replicas default: at most
+	// this many warm-up replicas exist in one plan.
+	DefaultMaxWarmupReplicas = 2
+)
+
+// Member is one consumer-group member as the leader sees it in the JoinGroup
+// metadata: its subscription and the state it holds from its last assignment.
+type Member struct {
+	// ID is the group member ID assigned by the coordinator.
+	ID string
+	// ProcessID identifies the process (several members may share one).
+	ProcessID string
+	// URL is the member's interactive-query URL, published in Plan.URLs.
+	URL string
+	// Generation is the generation of the member's last assignment (-1 none);
+	// when two members claim the same previous active (a zombie), the higher
+	// generation wins, then the lower ID.
+	Generation int32
+	// Topics are the subscribed source topics.
+	Topics []string
+	// PrevActives and PrevStandbys map topic -> partitions of the member's last
+	// assignment; changelog topics are included. Warm-ups count as standbys.
+	PrevActives, PrevStandbys map[string][]int32
+	// Offsets maps changelog topic -> partition -> the offset of the last record
+	// applied to the local store (-1 or absent: none).
+	Offsets map[string]map[int32]int64
+}
+
+// Cluster is the input of PlanAssignment.
+type Cluster struct {
+	// Members of the group; their order does not matter (they are sorted by ID).
+	Members []Member
+	// Topics maps each subscribed source topic to its partition count. Topics
+	// with no subscriber or no partitions are ignored.
+	Topics map[string]int32
+	// Changelogs maps each table changelog topic to its partition count. They are
+	// not subscribed through the group; each joins the co-partitioned group of
+	// source topics with the same partition count.
+	Changelogs map[string]int32
+	// Globals maps global-table changelog topics to their partition counts;
+	// every member gets every partition (MemberPlan.Globals).
+	Globals map[string]int32
+	// EndOffsets maps changelog topic -> partition -> highwater. Nil (or a
+	// missing entry) means the lag is unknown and taken as 0.
+	EndOffsets map[string]map[int32]int64
+	// Replicas is the number of standby replicas per changelog partition; it is
+	// clamped to (subscribers of the group - 1).
+	Replicas int
+	// AcceptableRecoveryLag (offsets) is KIP-441's acceptable.recovery.lag;
+	// 0 means DefaultAcceptableRecoveryLag, a negative value means 0.
+	AcceptableRecoveryLag int64
+	// MaxWarmupReplicas is KIP-441's max.warmup.replicas; 0 means
+	// DefaultMaxWarmupReplicas.
+	MaxWarmupReplicas int
+}
+
+// MemberPlan is one member's share of a Plan. Every map is topic -> sorted
+// partitions; a topic with no partitions is absent.
+type MemberPlan struct {
+	// Actives are the partitions the member processes: source topics and the
+	// changelog partitions co-partitioned with them.
+	Actives map[string][]int32
+	// Standbys are changelog partitions the member replicates for failover.
+	Standbys map[string][]int32
+	// Warmups are changelog partitions the member restores because it is the
+	// balanced target of an active that is, for now, kept on a caught-up member
+	// (KIP-441). They are standbys that count against MaxWarmupReplicas.
+	Warmups map[string][]int32
+	// Globals are all partitions of every global-table changelog.
+	Globals map[string][]int32
+}
+
+// Plan is the output of PlanAssignment.
+type Plan struct {
+	// Members maps member ID -> plan; every input member is present.
+	Members map[string]MemberPlan
+	// URLs maps topic -> partition -> URL of the member holding the active, for
+	// source and co-partitioned changelog topics.
+	URLs map[string]map[int32]string
+	// NeedsProbe reports that some active was kept away from its balanced target
+	// because the target is not caught up (KIP-441): the group should rebalance
+	// again after the probing interval.
+	NeedsProbe bool
+}
+
+// group is a co-partitioned group: topics with the same partition count and
+// the same subscribers, plus the changelog topics attached to them.
+type group struct {
+	sources    []string // sorted
+	changelogs []string // sorted
+	parts      int32
+	eligible   []int // member indexes (sorted by ID) that subscribe to sources
+	firstTask  int
+	replicas   int // standbys per task, clamped
+}
+
+// planner holds the working state of one PlanAssignment call. Members are
+// indexed by their position in ID order; tasks by (group, partition) in group
+// order. Invariants kept by every phase: active[t] is -1 or a member eligible
+// for t's group; load[m] == number of t with active[t] == m.
+type planner struct {
+	c        Cluster
+	members  []Member
+	groups   []group
+	taskG    []int   // task -> group index
+	taskP    []int32 // task -> partition
+	topicG   map[string]int
+	active   []int
+	load     []int
+	holders  [][]int // task -> members with local state (prev standby, warm-up or displaced active), ID order
+	prevOwn  []int   // task -> previous active owner kept as the claim (-1 none)
+	standby  [][]int
+	sload    []int
+	warm     [][]int
+	caughtUp func(m, t int) bool
+}
+
+// PlanAssignment computes a deterministic, sticky, balanced assignment.
+//
+// Algorithm (DESIGN.md §4; shape after Faust's CopartitionedAssignor, fixed
+// where Faust fails; lag handling after Kafka Streams' KIP-441
+// HighAvailabilityTaskAssignor):
+//  1. Group topics: same partition count and same subscriber set form a
+//     co-partitioned group; a changelog joins the first group (by smallest
+//     topic name) with its partition count, or forms its own group over all
+//     members. Each (group, partition) is a task.
+//  2. Every member keeps its previous actives up to ceil(T/N) tasks.
+//  3. Orphaned tasks go to a member holding local state (standby) when a
+//     maximum matching allows, first without moving kept tasks, then moving
+//     kept tasks only onto their own standby holders (augmenting paths).
+//  4. Remaining orphans go to the least-loaded eligible member.
+//  5. While max-min load > 1, one task moves from a most-loaded to a
+//     least-loaded member, preferring tasks the receiver holds state for.
+//  6. Standbys per stateful task: keep previous holders (the displaced active
+//     first), fill from the members with fewest standbys, then balance.
+//  7. KIP-441: an active whose target member lags by more than
+//     AcceptableRecoveryLag stays on (or moves to) a caught-up member, and the
+//     target gets a warm-up (at most MaxWarmupReplicas); NeedsProbe is set.
+//
+// Errors: duplicate or empty member IDs, negative partition counts.
+func PlanAssignment(c Cluster) (Plan, error) {
+	if c.AcceptableRecoveryLag == 0 {
+		c.AcceptableRecoveryLag = DefaultAcceptableRecoveryLag
+	} else if c.AcceptableRecoveryLag < 0 {
+		c.AcceptableRecoveryLag = 0
+	}
+	if c.MaxWarmupReplicas <= 0 {
+		c.MaxWarmupReplicas = DefaultMaxWarmupReplicas
+	}
+	if c.Replicas < 0 {
+		c.Replicas = 0
+	}
+	members := slices.Clone(c.Members)
+	sort.Slice(members, func(i, j int) bool { return members[i].ID < members[j].ID })
+	for i, m := range members {
+		if m.ID == "" {
+			return Plan{}, fmt.Errorf("plan assignment: member %d has an empty ID", i)
+		}
+		if i > 0 && members[i-1].ID == m.ID {
+			return Plan{}, fmt.Errorf("plan assignment: duplicate member ID %q", m.ID)
+		}
+	}
+	for _, tm := range []map[string]int32{c.Topics, c.Changelogs, c.Globals} {
+		for t, n := range tm {
+			if n < 0 {
+				return Plan{}, fmt.Errorf("plan assignment: topic %q has %d partitions", t, n)
+			}
+		}
+	}
+	p := &planner{c: c, members: members}
+	p.buildGroups()
+	p.claim()
+	p.assignActives()
+	p.assignStandbys()
+	needsProbe := p.lagAware()
+	return p.output(needsProbe), nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+func (p *planner) buildGroups() {
+	type key struct {
+		parts int32
+		subs  string
+	}
+	byKey := map[key]*group{}
+	var order []key
+	for _, topic := range sortedKeys(p.c.Topics) {
+		n := p.c.Topics[topic]
+		if n <= 0 {
+			continue
+		}
+		if _, global := p.c.Globals[topic]; global {
+			continue
+		}
+		var subs []int
+		var ids []string
+		for i, m := range p.members {
+			if slices.Contains(m.Topics, topic) {
+				subs = append(subs, i)
+				ids = append(ids, m.ID)
+			}
+		}
+		if len(subs) == 0 {
+			continue
+		}
+		k := key{n, strings.Join(ids, "\x00")}
+		g := byKey[k]
+		if g == nil {
+			g = &group{parts: n, eligible: subs}
+			byKey[k] = g
+			order = append(order, k) // topics are visited sorted: groups ordered by smallest topic
+		}
+		g.sources = append(g.sources, topic)
+	}
+	for _, k := range order {
+		p.groups = append(p.groups, *byKey[k])
+	}
+	all := make([]int, len(p.members))
+	for i := range all {
+		all[i] = i
+	}
+	for _, cl := range sortedKeys(p.c.Changelogs) {
+		n := p.c.Changelogs[cl]
+		if n <= 0 {
+			continue
+		}
+		if _, global := p.c.Globals[cl]; global {
+			continue
+		}
+		attached := false
+		for gi := range p.groups {
+			if p.groups[gi].parts == n {
+				if !slices.Contains(p.groups[gi].changelogs, cl) {
+					p.groups[gi].changelogs = append(p.groups[gi].changelogs, cl)
+				}
+				attached = true
+				break
+			}
+		}
+		if !attached && len(p.members) > 0 {
+			// A changelog with no co-partitioned source: its own group over all
+			// members (a table fed from outside the group's subscription).
+			p.groups = append(p.groups, group{parts: n, eligible: all, changelogs: []string{cl}})
+		}
+	}
+	p.topicG = map[string]int{}
+	for gi := range p.groups {
+		g := &p.groups[gi]
+		g.firstTask = len(p.taskG)
+		if len(g.changelogs) > 0 {
+			g.replicas = min(p.c.Replicas, len(g.eligible)-1)
+		}
+		for _, t := range g.sources {
+			p.topicG[t] = gi
+		}
+		for _, t := range g.changelogs {
+			if _, ok := p.topicG[t]; !ok {
+				p.topicG[t] = gi
+			}
+		}
+		for q := int32(0); q < g.parts; q++ {
+			p.taskG = append(p.taskG, gi)
+			p.taskP = append(p.taskP, q)
+		}
+	}
+	nt := len(p.taskG)
+	p.active = make([]int, nt)
+	p.prevOwn = make([]int, nt)
+	for t := range p.active {
+		p.active[t] = -1
+		p.prevOwn[t] = -1
+	}
+	p.load = make([]int, len(p.members))
+	p.sload = make([]int, len(p.members))
+	p.holders = make([][]int, nt)
+	p.standby = make([][]int, nt)
+	p.warm = make([][]int, nt)
+}
+
+func (p *planner) eligible(m, t int) bool {
+	_, ok := slices.BinarySearch(p.groups[p.taskG[t]].eligible, m)
+	return ok
+}
+
+// tasksOf returns the tasks a topic->partitions map names, deduplicated and sorted.
+func (p *planner) tasksOf(tp map[string][]int32) []int {
+	var ts []int
+	for _, topic := range sortedKeys(tp) {
+		gi, ok := p.topicG[topic]
+		if !ok {
+			continue
+		}
+		g := p.groups[gi]
+		for _, q := range tp[topic] {
+			if q >= 0 && q < g.parts {
+				ts = append(ts, g.firstTask+int(q))
+			}
+		}
+	}
+	slices.Sort(ts)
+	return slices.Compact(ts)
+}
+
+// claim records previous owners (zombie claims resolved by generation, then
+// ID) and state holders, then lets every owner keep up to ceil(T/N) tasks.
+func (p *planner) claim() {
+	for m := range p.members {
+		mem := p.members[m]
+		for _, t := range p.tasksOf(mem.PrevActives) {
+			if !p.eligible(m, t) {
+				continue
+			}
+			o := p.prevOwn[t]
+			if o < 0 || p.members[m].Generation > p.members[o].Generation {
+				if o >= 0 {
+					p.holders[t] = append(p.holders[t], o)
+				}
+				p.prevOwn[t] = m
+			} else {
+				p.holders[t] = append(p.holders[t], m)
+			}
+		}
+		for _, t := range p.tasksOf(mem.PrevStandbys) {
+			if p.eligible(m, t) && p.prevOwn[t] != m {
+				p.holders[t] = append(p.holders[t], m)
+			}
+		}
+	}
+	for t := range p.holders {
+		h := p.holders[t]
+		slices.Sort(h)
+		h = slices.Compact(h)
+		if o := p.prevOwn[t]; o >= 0 {
+			h = slices.DeleteFunc(h, func(x int) bool { return x == o })
+		}
+		p.holders[t] = h
+	}
+	// Lag is measured once: caught up = running the active, or lag within the
+	// acceptable recovery lag (KIP-441). Unknown highwater means lag 0.
+	p.caughtUp = func(m, t int) bool {
+		if p.prevOwn[t] == m {
+			return true
+		}
+		return p.lag(m, t) <= p.c.AcceptableRecoveryLag
+	}
+}
+
+// lag is the largest lag of member m over the changelog partitions of task t.
+func (p *planner) lag(m, t int) int64 {
+	g := p.groups[p.taskG[t]]
+	q := p.taskP[t]
+	var worst int64
+	for _, cl := range g.changelogs {
+		end, ok := p.c.EndOffsets[cl][q]
+		if !ok {
+			continue
+		}
+		applied := int64(-1)
+		if o, ok := p.members[m].Offsets[cl][q]; ok {
+			applied = o
+		}
+		if l := end - (applied + 1); l > worst {
+			worst = l
+		}
+	}
+	return worst
+}
+
+func (p *planner) isHolder(m, t int) bool {
+	_, ok := slices.BinarySearch(p.holders[t], m)
+	return ok
+}
+
+func (p *planner) assignActives() {
+	n := len(p.members)
+	nt := len(p.taskG)
+	if n == 0 || nt == 0 {
+		return
+	}
+	capacity := (nt + n - 1) / n
+	// 2. Keep previous actives up to capacity. When trimming, drop first the
+	// tasks another member holds state for, then the highest task numbers.
+	owned := make([][]int, n)
+	for t, o := range p.prevOwn {
+		if o >= 0 {
+			owned[o] = append(owned[o], t)
+		}
+	}
+	for m, ts := range owned {
+		if len(ts) > capacity {
+			slices.SortStableFunc(ts, func(a, b int) int {
+				ha, hb := len(p.holders[a]) > 0, len(p.holders[b]) > 0
+				if ha != hb {
+					if hb {
+						return -1
+					}
+					return 1
+				}
+				return a - b
+			})
+			ts = ts[:capacity]
+		}
+		for _, t := range ts {
+			p.active[t] = m
+			p.load[m]++
+		}
+	}
+	// 3. Promote standbys by augmenting paths (Kuhn's matching with capacities).
+	var orphans []int
+	for t := range nt {
+		if p.active[t] < 0 {
+			orphans = append(orphans, t)
+		}
+	}
+	placedHere := make([]bool, nt) // placed in this pass: free to move again
+	for _, anyMove := range []bool{false, true} {
+		for _, t := range orphans {
+			if p.active[t] >= 0 || len(p.holders[t]) == 0 {
+				continue
+			}
+			visited := make([]bool, n)
+			for _, h := range p.holders[t] {
+				if visited[h] {
+					continue
+				}
+				visited[h] = true
+				if p.freeSlot(h, capacity, visited, placedHere, anyMove) {
+					p.active[t] = h
+					p.load[h]++
+					placedHere[t] = true
+					break
+				}
+			}
+		}
+	}
+	// 4. Remaining orphans to the least-loaded eligible member, preferring
+	// the one with the fewest tasks of the same group (per-group spread).
+	gcount := make([][]int, len(p.groups))
+	for gi := range gcount {
+		gcount[gi] = make([]int, n)
+	}
+	for t, m := range p.active {
+		if m >= 0 {
+			gcount[p.taskG[t]][m]++
+		}
+	}
+	for _, t := range orphans {
+		if p.active[t] >= 0 {
+			continue
+		}
+		gi := p.taskG[t]
+		best := -1
+		for _, m := range p.groups[gi].eligible {
+			if best < 0 || p.load[m] < p.load[best] ||
+				(p.load[m] == p.load[best] && gcount[gi][m] < gcount[gi][best]) {
+				best = m
+			}
+		}
+		p.active[t] = best
+		p.load[best]++
+		gcount[gi][best]++
+	}
+	// 5. Balance: move from most- to least-loaded while the gap exceeds one.
+	p.balanceActives(gcount)
+}
+
+// freeSlot reports whether member h can take one more task, possibly after
+// moving one of its tasks to that task's own state holder (recursively).
+// Without anyMove only tasks placed in this pass may move.
+func (p *planner) freeSlot(h, capacity int, visited, movable []bool, anyMove bool) bool {
+	if p.load[h] < capacity {
+		return true
+	}
+	for x, m := range p.active {
+		if m != h || (!anyMove && !movable[x]) {
+			continue
+		}
+		for _, h2 := range p.holders[x] {
+			if visited[h2] {
+				continue
+			}
+			visited[h2] = true
+			if p.freeSlot(h2, capacity, visited, movable, anyMove) {
+				p.active[x] = h2
+				p.load[h2]++
+				p.load[h]--
+				movable[x] = true
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (p *planner) balanceActives(gcount [][]int) {
+	n := len(p.members)
+	tasksOf := make([][]int, n)
+	for t, m := range p.active {
+		tasksOf[m] = append(tasksOf[m], t)
+	}
+	for {
+		// Receivers in ascending load; donors in descending load.
+		order := make([]int, n)
+		for i := range order {
+			order[i] = i
+		}
+		sort.SliceStable(order, func(i, j int) bool { return p.load[order[i]] < p.load[order[j]] })
+		moved := false
+		for _, r := range order {
+			bestD, bestT, bestScore := -1, -1, 0
+			for _, d := range order {
+				if p.load[d]-p.load[r] <= 1 {
+					continue
+				}
+				for _, t := range tasksOf[d] {
+					if !p.eligible(r, t) {
+						continue
+					}
+					gi := p.taskG[t]
+					// Lower is better: state on the receiver first, then the
+					// largest per-group surplus of donor over receiver, then a
+					// heavier donor.
+					score := (gcount[gi][r] - gcount[gi][d]) * 4 * (len(p.taskG) + 1)
+					if p.isHolder(r, t) {
+						score -= 1 << 40
+					}
+					score -= p.load[d]
+					if bestD < 0 || score < bestScore {
+						bestD, bestT, bestScore = d, t, score
+					}
+				}
+			}
+			if bestD < 0 {
+				continue
+			}
+			p.active[bestT] = r
+			p.load[bestD]--
+			p.load[r]++
+			gi := p.taskG[bestT]
+			gcount[gi][bestD]--
+			gcount[gi][r]++
+			tasksOf[bestD] = slices.DeleteFunc(tasksOf[bestD], func(x int) bool { return x == bestT })
+			tasksOf[r] = append(tasksOf[r], bestT)
+			moved = true
+			break
+		}
+		if !moved {
+			return
+		}
+	}
+}
+
+func (p *planner) isStandby(m, t int) bool { return slices.Contains(p.standby[t], m) }
+
+func (p *planner) assignStandbys() {
+	n := len(p.members)
+	if n == 0 {
+		return
+	}
+	total := 0
+	for t := range p.taskG {
+		total += p.groups[p.taskG[t]].replicas
+	}
+	if total == 0 {
+		return
+	}
+	scap := (total + n - 1) / n
+	// Keep: the displaced previous active first (it has the freshest state),
+	// then previous standby holders in ID order.
+	for t := range p.taskG {
+		r := p.groups[p.taskG[t]].replicas
+		if r == 0 {
+			continue
+		}
+		var cands []int
+		if o := p.prevOwn[t]; o >= 0 && p.active[t] != o {
+			cands = append(cands, o)
+		}
+		cands = append(cands, p.holders[t]...)
+		for _, m := range cands {
+			if len(p.standby[t]) == r {
+				break
+			}
+			if m == p.active[t] || p.isStandby(m, t) || p.sload[m] >= scap {
+				continue
+			}
+			p.standby[t] = append(p.standby[t], m)
+			p.sload[m]++
+		}
+	}
+	// Fill: fewest standbys, then fewest standbys shared with this task's
+	// active member (spreads a member's replicas so that its failure is
+	// absorbed evenly), then ID rotated by task.
+	pair := make([][]int, n)
+	for i := range pair {
+		pair[i] = make([]int, n)
+	}
+	for t, ss := range p.standby {
+		for _, s := range ss {
+			pair[p.active[t]][s]++
+		}
+	}
+	for t := range p.taskG {
+		g := p.groups[p.taskG[t]]
+		a := p.active[t]
+		for len(p.standby[t]) < g.replicas {
+			best := -1
+			for i := range g.eligible {
+				m := g.eligible[(i+t)%len(g.eligible)]
+				if m == a || p.isStandby(m, t) {
+					continue
+				}
+				if best < 0 || p.sload[m] < p.sload[best] ||
+					(p.sload[m] == p.sload[best] && pair[a][m] < pair[a][best]) {
+					best = m
+				}
+			}
+			if best < 0 {
+				break
+			}
+			p.standby[t] = append(p.standby[t], best)
+			p.sload[best]++
+			pair[a][best]++
+		}
+	}
+	p.balanceStandbys(pair)
+	for t := range p.standby {
+		slices.Sort(p.standby[t])
+	}
+}
+
+func (p *planner) balanceStandbys(pair [][]int) {
+	n := len(p.members)
+	for {
+		order := make([]int, n)
+		for i := range order {
+			order[i] = i
+		}
+		sort.SliceStable(order, func(i, j int) bool { return p.sload[order[i]] < p.sload[order[j]] })
+		moved := false
+	receivers:
+		for _, r := range order {
+			for k := n - 1; k >= 0; k-- {
+				d := order[k]
+				if p.sload[d]-p.sload[r] <= 1 {
+					break
+				}
+				bestT, bestScore := -1, 0
+				for t, ss := range p.standby {
+					if !slices.Contains(ss, d) || p.active[t] == r || slices.Contains(ss, r) || !p.eligible(r, t) {
+						continue
+					}
+					a := p.active[t]
+					score := pair[a][r] - pair[a][d]
+					if p.isHolder(r, t) {
+						score -= 1 << 30
+					}
+					if bestT < 0 || score < bestScore {
+						bestT, bestScore = t, score
+					}
+				}
+				if bestT < 0 {
+					continue
+				}
+				ss := p.standby[bestT]
+				ss[slices.Index(ss, d)] = r
+				p.sload[d]--
+				p.sload[r]++
+				a := p.active[bestT]
+				pair[a][d]--
+				pair[a][r]++
+				moved = true
+				break receivers
+			}
+		}
+		if !moved {
+			return
+		}
+	}
+}
+
+// lagAware applies KIP-441: an active placed on a member that is not caught up
+// goes to a caught-up member instead (a standby holder swaps roles with the
+// target; otherwise the target gets a warm-up while the budget lasts).
+func (p *planner) lagAware() bool {
+	if p.c.EndOffsets == nil {
+		return false
+	}
+	budget := p.c.MaxWarmupReplicas
+	probe := false
+	for t := range p.taskG {
+		g := p.groups[p.taskG[t]]
+		if len(g.changelogs) == 0 {
+			continue
+		}
+		target := p.active[t]
+		if p.caughtUp(target, t) {
+			continue
+		}
+		// Preference: the previous owner, then a standby holder, then any
+		// caught-up member; ties by smaller lag, then ID.
+		best, bestRank := -1, 0
+		var bestLag int64
+		for _, m := range g.eligible {
+			if m == target || !p.caughtUp(m, t) {
+				continue
+			}
+			rank := 2
+			if p.prevOwn[t] == m {
+				rank = 0
+			} else if p.isStandby(m, t) {
+				rank = 1
+			}
+			l := p.lag(m, t)
+			if best < 0 || rank < bestRank || (rank == bestRank && l < bestLag) {
+				best, bestRank, bestLag = m, rank, l
+			}
+		}
+		if best < 0 {
+			continue
+		}
+		probe = true
+		p.active[t] = best
+		p.load[target]--
+		p.load[best]++
+		if i := slices.Index(p.standby[t], best); i >= 0 {
+			p.standby[t][i] = target
+			slices.Sort(p.standby[t])
+			p.sload[best]--
+			p.sload[target]++
+		} else if budget > 0 {
+			p.warm[t] = append(p.warm[t], target)
+			budget--
+		}
+	}
+	return probe
+}
+
+func addTP(m map[string][]int32, topic string, q int32) {
+	m[topic] = append(m[topic], q)
+}
+
+func (p *planner) output(needsProbe bool) Plan {
+	plan := Plan{Members: make(map[string]MemberPlan, len(p.members)), URLs: map[string]map[int32]string{}, NeedsProbe: needsProbe}
+	mps := make([]MemberPlan, len(p.members))
+	for i := range mps {
+		mps[i] = MemberPlan{Actives: map[string][]int32{}, Standbys: map[string][]int32{}, Warmups: map[string][]int32{}, Globals: map[string][]int32{}}
+	}
+	// Tasks are visited in (group, partition) order, so every slice is sorted.
+	for t := range p.taskG {
+		g := p.groups[p.taskG[t]]
+		q := p.taskP[t]
+		a := p.active[t]
+		for _, topic := range g.sources {
+			addTP(mps[a].Actives, topic, q)
+		}
+		for _, topic := range g.changelogs {
+			if !slices.Contains(g.sources, topic) {
+				addTP(mps[a].Actives, topic, q)
+			}
+			for _, s := range p.standby[t] {
+				addTP(mps[s].Standbys, topic, q)
+			}
+			for _, w := range p.warm[t] {
+				addTP(mps[w].Warmups, topic, q)
+			}
+		}
+		for _, topic := range append(slices.Clone(g.sources), g.changelogs...) {
+			if plan.URLs[topic] == nil {
+				plan.URLs[topic] = map[int32]string{}
+			}
+			plan.URLs[topic][q] = p.members[a].URL
+		}
+	}
+	for _, topic := range sortedKeys(p.c.Globals) {
+		n := p.c.Globals[topic]
+		if n <= 0 {
+			continue
+		}
+		all := make([]int32, n)
+		for q := range all {
+			all[q] = int32(q)
+		}
+		for i := range mps {
+			mps[i].Globals[topic] = slices.Clone(all)
+		}
+	}
+	for i, m := range p.members {
+		plan.Members[m.ID] = mps[i]
+	}
+	return plan
+}

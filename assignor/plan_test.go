@@ -1,0 +1,203 @@
+package assignor
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"testing"
+)
+
+func members(n int, topics ...string) []Member {
+	ms := make([]Member, n)
+	for i := range ms {
+		id := fmt.Sprintf("m%02d", i)
+		ms[i] = Member{ID: id, URL: "http://" + id, Topics: topics, Generation: -1}
+	}
+	return ms
+}
+
+// feedBack returns the members as they would join after receiving plan.
+func feedBack(ms []Member, plan Plan) []Member {
+	out := slices.Clone(ms)
+	for i := range out {
+		mp := plan.Members[out[i].ID]
+		out[i].PrevActives = mp.Actives
+		out[i].PrevStandbys = map[string][]int32{}
+		for t, ps := range mp.Standbys {
+			out[i].PrevStandbys[t] = append(out[i].PrevStandbys[t], ps...)
+		}
+		for t, ps := range mp.Warmups {
+			out[i].PrevStandbys[t] = append(out[i].PrevStandbys[t], ps...)
+		}
+		out[i].Generation++
+	}
+	return out
+}
+
+func mustPlan(t *testing.T, c Cluster) Plan {
+	t.Helper()
+	p, err := PlanAssignment(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestCopartitionedGroupAndChangelog(t *testing.T) {
+	c := Cluster{
+		Members:    members(3, "a", "b", "c"),
+		Topics:     map[string]int32{"a": 6, "b": 6, "c": 3},
+		Changelogs: map[string]int32{"tbl-changelog": 6},
+		Globals:    map[string]int32{"g-changelog": 2},
+		Replicas:   1,
+	}
+	plan := mustPlan(t, c)
+	seen := map[int32]string{}
+	for id, mp := range plan.Members {
+		if !reflect.DeepEqual(mp.Actives["a"], mp.Actives["b"]) || !reflect.DeepEqual(mp.Actives["a"], mp.Actives["tbl-changelog"]) {
+			t.Errorf("%s: a/b/changelog not co-partitioned: %v", id, mp.Actives)
+		}
+		if len(mp.Actives["a"]) != 2 || len(mp.Actives["c"]) != 1 {
+			t.Errorf("%s: unbalanced actives %v", id, mp.Actives)
+		}
+		if len(mp.Standbys["tbl-changelog"]) != 2 {
+			t.Errorf("%s: standbys %v, want 2", id, mp.Standbys)
+		}
+		for _, q := range mp.Standbys["tbl-changelog"] {
+			if slices.Contains(mp.Actives["tbl-changelog"], q) {
+				t.Errorf("%s: active and standby of %d", id, q)
+			}
+		}
+		if _, ok := mp.Standbys["a"]; ok {
+			t.Errorf("%s: standby of a source topic", id)
+		}
+		if !reflect.DeepEqual(mp.Globals["g-changelog"], []int32{0, 1}) {
+			t.Errorf("%s: globals %v", id, mp.Globals)
+		}
+		for _, q := range mp.Actives["a"] {
+			seen[q] = id
+			if plan.URLs["a"][q] != "http://"+id || plan.URLs["tbl-changelog"][q] != "http://"+id {
+				t.Errorf("URL of a[%d] = %q, want %q", q, plan.URLs["a"][q], "http://"+id)
+			}
+		}
+	}
+	if len(seen) != 6 {
+		t.Errorf("a partitions assigned: %v", seen)
+	}
+	if plan.NeedsProbe {
+		t.Error("NeedsProbe without lag information")
+	}
+}
+
+// Faust's concrete case (spec §2.9): 12 partitions, 3 workers, R=1, kill w0.
+// Faust sends partition 6 to a member without state; every orphan here must go
+// to its standby holder, and the survivors keep their actives.
+func TestPromotionOnRemoval(t *testing.T) {
+	c := Cluster{Members: members(3, "src"), Topics: map[string]int32{"src": 12}, Changelogs: map[string]int32{"cl": 12}, Replicas: 1}
+	p1 := mustPlan(t, c)
+	ms := feedBack(c.Members, p1)
+	dead := p1.Members["m00"]
+	c.Members = ms[1:]
+	p2 := mustPlan(t, c)
+	for _, q := range dead.Actives["cl"] {
+		var to string
+		for id, mp := range p2.Members {
+			if slices.Contains(mp.Actives["cl"], q) {
+				to = id
+			}
+		}
+		if !slices.Contains(p1.Members[to].Standbys["cl"], q) {
+			t.Errorf("partition %d went to %s, which had no standby of it (standbys %v)", q, to, p1.Members[to].Standbys)
+		}
+	}
+	for _, id := range []string{"m01", "m02"} {
+		for _, q := range p1.Members[id].Actives["src"] {
+			if !slices.Contains(p2.Members[id].Actives["src"], q) {
+				t.Errorf("%s lost active %d", id, q)
+			}
+		}
+		if n := len(p2.Members[id].Actives["src"]); n != 6 {
+			t.Errorf("%s has %d actives, want 6", id, n)
+		}
+	}
+}
+
+// fs#93: with replicas a joining member must get its fair share.
+func TestJoinerGetsFairShare(t *testing.T) {
+	c := Cluster{Members: members(40, "src"), Topics: map[string]int32{"src": 100}, Changelogs: map[string]int32{"cl": 100}, Replicas: 1}
+	p1 := mustPlan(t, c)
+	ms := feedBack(c.Members, p1)
+	c.Members = ms[1:]
+	p2 := mustPlan(t, c)
+	ms = feedBack(c.Members, p2)
+	c.Members = append(ms, Member{ID: "m00", Topics: []string{"src"}})
+	p3 := mustPlan(t, c)
+	if n := len(p3.Members["m00"].Actives["src"]); n < 2 {
+		t.Errorf("re-added member has %d actives, want >= 2", n)
+	}
+	moved := 0
+	for _, m := range ms {
+		for _, q := range p2.Members[m.ID].Actives["src"] {
+			if !slices.Contains(p3.Members[m.ID].Actives["src"], q) {
+				moved++
+			}
+		}
+	}
+	if moved != len(p3.Members["m00"].Actives["src"]) {
+		t.Errorf("%d actives moved, want only the newcomer's %d", moved, len(p3.Members["m00"].Actives["src"]))
+	}
+	again := mustPlan(t, Cluster{Members: feedBack(c.Members, p3), Topics: c.Topics, Changelogs: c.Changelogs, Replicas: 1})
+	for id, mp := range p3.Members {
+		if !reflect.DeepEqual(mp.Actives, again.Members[id].Actives) || !reflect.DeepEqual(mp.Standbys, again.Members[id].Standbys) {
+			t.Fatalf("not idempotent for %s: %v/%v then %v/%v", id, mp.Actives, mp.Standbys, again.Members[id].Actives, again.Members[id].Standbys)
+		}
+	}
+}
+
+// KIP-441: a newcomer without state is the balanced target but not caught up;
+// the active stays on the caught-up owner and the newcomer warms up.
+func TestLagKeepsActiveOnCaughtUpMember(t *testing.T) {
+	c := Cluster{Members: members(1, "src"), Topics: map[string]int32{"src": 4}, Changelogs: map[string]int32{"cl": 4}}
+	p1 := mustPlan(t, c)
+	old := feedBack(c.Members, p1)[0]
+	old.Offsets = map[string]map[int32]int64{"cl": {0: 99_999, 1: 99_999, 2: 99_999, 3: 99_999}}
+	c.Members = []Member{old, {ID: "m99", Topics: []string{"src"}}}
+	c.EndOffsets = map[string]map[int32]int64{"cl": {0: 100_000, 1: 100_000, 2: 100_000, 3: 100_000}}
+	p2 := mustPlan(t, c)
+	if !p2.NeedsProbe {
+		t.Error("NeedsProbe false")
+	}
+	if got := p2.Members["m00"].Actives["src"]; !reflect.DeepEqual(got, []int32{0, 1, 2, 3}) {
+		t.Errorf("caught-up member actives %v, want all", got)
+	}
+	if got := p2.Members["m99"].Warmups["cl"]; len(got) != 2 {
+		t.Errorf("newcomer warm-ups %v, want 2", got)
+	}
+	// After warming up, the probing rebalance moves the actives.
+	nw := feedBack(c.Members, p2)
+	nw[1].Offsets = map[string]map[int32]int64{"cl": {}}
+	for _, q := range p2.Members["m99"].Warmups["cl"] {
+		nw[1].Offsets["cl"][q] = 99_000
+	}
+	c.Members = nw
+	p3 := mustPlan(t, c)
+	if p3.NeedsProbe {
+		t.Error("NeedsProbe after warm-up")
+	}
+	if got := p3.Members["m99"].Actives["cl"]; !reflect.DeepEqual(got, p2.Members["m99"].Warmups["cl"]) {
+		t.Errorf("newcomer actives %v, want its warm-ups %v", got, p2.Members["m99"].Warmups["cl"])
+	}
+}
+
+func TestPlanErrors(t *testing.T) {
+	if _, err := PlanAssignment(Cluster{Members: []Member{{ID: "a"}, {ID: "a"}}}); err == nil {
+		t.Error("duplicate IDs accepted")
+	}
+	if _, err := PlanAssignment(Cluster{Members: []Member{{ID: ""}}}); err == nil {
+		t.Error("empty ID accepted")
+	}
+	p, err := PlanAssignment(Cluster{Members: members(2, "x"), Topics: map[string]int32{"x": 0, "y": 3}})
+	if err != nil || len(p.Members) != 2 || len(p.Members["m00"].Actives) != 0 {
+		t.Errorf("empty plan: %v %v", p, err)
+	}
+}

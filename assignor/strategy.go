@@ -1,0 +1,308 @@
+package assignor
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// StrategyName is the group protocol name Runnel members announce.
+const StrategyName = "runnel"
+
+// DefaultProbingRebalanceInterval is KIP-441's probing.rebalance.interval.ms
+// default (10 minutes).
+const DefaultProbingRebalanceInterval = 10 * time.Minute
+
+// Config configures a Strategy. Changelogs, Globals and Replicas must be the
+// same on every member (the leader's values are used).
+type Config struct {
+	// Changelogs maps table changelog topic -> partition count.
+	Changelogs map[string]int32
+	// Globals maps global-table changelog topic -> partition count.
+	Globals map[string]int32
+	// Replicas is the number of standby replicas per changelog partition.
+	Replicas int
+	// AcceptableRecoveryLag (offsets): KIP-441; 0 means 10000.
+	AcceptableRecoveryLag int64
+	// MaxWarmupReplicas: KIP-441; 0 means 2.
+	MaxWarmupReplicas int
+	// ProbingRebalanceInterval is how long the leader waits after a plan with
+	// warm-ups before it asks for a rebalance; 0 means 10 minutes.
+	ProbingRebalanceInterval time.Duration
+	// ProcessID and URL identify this member (URL serves interactive queries).
+	ProcessID, URL string
+	// Offsets returns changelog topic -> partition -> last locally applied
+	// offset. Called from SubscriptionUserData, before every JoinGroup; may be nil.
+	Offsets func() map[string]map[int32]int64
+	// EndOffsets returns the highwaters of the given changelog topics
+	// (topic -> partition count). Called on the leader inside Plan; may be nil
+	// (lag unknown, no warm-ups).
+	EndOffsets func(topics map[string]int32) map[string]map[int32]int64
+	// OnAssignment is called from sarama's OnAssignment with this member's new
+	// assignment; it must return promptly.
+	OnAssignment func(Assignment)
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Assignment is what a member received for one generation. Maps are topic ->
+// sorted partitions.
+type Assignment struct {
+	Generation         int32
+	MemberID, LeaderID string
+	Leader             bool
+	// Actives include the changelog partitions co-partitioned with the source
+	// partitions; Standbys and Warmups are changelog partitions to replicate;
+	// Globals are all partitions of the global-table changelogs.
+	Actives, Standbys, Warmups, Globals map[string][]int32
+	// URLs maps topic -> partition -> URL of the member holding the active.
+	URLs map[string]map[int32]string
+}
+
+// Strategy is Runnel's sarama.BalanceStrategy (also SubscriptionUserData-,
+// OnAssignment- and RebalanceProtocolBalanceStrategy). One Strategy serves one
+// consumer group member; it is safe for concurrent use.
+//
+// Sarama v1.61.1 calls, on every member: SubscriptionUserData before each
+// JoinGroup (twice on the first join, KIP-394); on the leader only: Plan, then
+// AssignmentData once per member of the plan; on every member: OnAssignment
+// after a SyncGroup response that carried an assignment.
+type Strategy struct {
+	cfg      Config
+	log      *slog.Logger
+	instance uint64
+	probe    chan struct{}
+
+	mu         sync.Mutex // guards the fields below
+	cur        Assignment
+	planned    map[string]assignmentData // leader: member -> data from the last Plan
+	planProbe  bool                      // leader: the last Plan needs a probing rebalance
+	probeTimer *time.Timer
+}
+
+var (
+	_ sarama.BalanceStrategy                     = (*Strategy)(nil)
+	_ sarama.SubscriptionUserDataBalanceStrategy = (*Strategy)(nil)
+	_ sarama.OnAssignmentBalanceStrategy         = (*Strategy)(nil)
+	_ sarama.RebalanceProtocolBalanceStrategy    = (*Strategy)(nil)
+)
+
+// NewStrategy returns a Strategy for one member.
+func NewStrategy(cfg Config) *Strategy {
+	if cfg.ProbingRebalanceInterval <= 0 {
+		cfg.ProbingRebalanceInterval = DefaultProbingRebalanceInterval
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return &Strategy{
+		cfg:      cfg,
+		log:      log,
+		instance: binary.LittleEndian.Uint64(b[:]),
+		probe:    make(chan struct{}, 1),
+		cur:      Assignment{Generation: -1},
+	}
+}
+
+// Name implements sarama.BalanceStrategy; it returns "runnel".
+func (s *Strategy) Name() string { return StrategyName }
+
+// SupportedProtocols implements sarama.RebalanceProtocolBalanceStrategy. Only
+// the eager protocol is supported: every member revokes all partitions on a
+// rebalance.
+func (s *Strategy) SupportedProtocols() []sarama.RebalanceProtocol {
+	return []sarama.RebalanceProtocol{sarama.RebalanceProtocolEager}
+}
+
+// Current returns the last assignment received (Generation -1 before the first).
+func (s *Strategy) Current() Assignment {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return cloneAssignment(s.cur)
+}
+
+// ProbeRequested delivers a value when this member, as leader, planned
+// warm-ups and the probing interval has passed: the caller should end the
+// group session so that the group rebalances (KIP-441 probing rebalance).
+func (s *Strategy) ProbeRequested() <-chan struct{} { return s.probe }
+
+// SubscriptionUserData implements sarama.SubscriptionUserDataBalanceStrategy:
+// it reports the previous assignment (warm-ups as standbys) and the local
+// changelog offsets.
+func (s *Strategy) SubscriptionUserData(topics []string) ([]byte, error) {
+	s.mu.Lock()
+	cur := s.cur
+	s.mu.Unlock()
+	standbys := map[string][]int32{}
+	for t, ps := range cur.Standbys {
+		standbys[t] = append(standbys[t], ps...)
+	}
+	for t, ps := range cur.Warmups {
+		standbys[t] = append(standbys[t], ps...)
+	}
+	var offsets map[string]map[int32]int64
+	if s.cfg.Offsets != nil {
+		offsets = s.cfg.Offsets()
+	}
+	return encodeSubscription(subscription{
+		Instance:     s.instance,
+		ProcessID:    s.cfg.ProcessID,
+		URL:          s.cfg.URL,
+		Generation:   cur.Generation,
+		PrevActives:  cur.Actives,
+		PrevStandbys: standbys,
+		Offsets:      offsets,
+	}), nil
+}
+
+// Plan implements sarama.BalanceStrategy (leader only). A member whose user
+// data does not decode is planned as a member without state (and logged).
+// The returned plan holds only subscribed source topics and every member.
+func (s *Strategy) Plan(members map[string]sarama.ConsumerGroupMemberMetadata, topics map[string][]int32) (sarama.BalanceStrategyPlan, error) {
+	c := Cluster{
+		Topics:                map[string]int32{},
+		Changelogs:            s.cfg.Changelogs,
+		Globals:               s.cfg.Globals,
+		Replicas:              s.cfg.Replicas,
+		AcceptableRecoveryLag: s.cfg.AcceptableRecoveryLag,
+		MaxWarmupReplicas:     s.cfg.MaxWarmupReplicas,
+	}
+	for t, ps := range topics {
+		c.Topics[t] = int32(len(ps))
+	}
+	leaderID := ""
+	ids := slices.Sorted(maps.Keys(members))
+	for _, id := range ids {
+		meta := members[id]
+		m := Member{ID: id, Topics: meta.Topics, Generation: -1}
+		if len(meta.UserData) > 0 {
+			sub, err := decodeSubscription(meta.UserData)
+			if err != nil {
+				s.log.Warn("runnel assignor: member state ignored", "member", id, "err", err)
+			} else {
+				m.ProcessID, m.URL, m.Generation = sub.ProcessID, sub.URL, sub.Generation
+				m.PrevActives, m.PrevStandbys, m.Offsets = sub.PrevActives, sub.PrevStandbys, sub.Offsets
+				if sub.Instance == s.instance {
+					leaderID = id
+				}
+			}
+		}
+		c.Members = append(c.Members, m)
+	}
+	if s.cfg.EndOffsets != nil && len(s.cfg.Changelogs) > 0 {
+		c.EndOffsets = s.cfg.EndOffsets(s.cfg.Changelogs)
+	}
+	plan, err := PlanAssignment(c)
+	if err != nil {
+		return nil, fmt.Errorf("runnel assignor plan: %w", err)
+	}
+	out := make(sarama.BalanceStrategyPlan, len(ids))
+	planned := make(map[string]assignmentData, len(ids))
+	for _, id := range ids {
+		mp := plan.Members[id]
+		tps := map[string][]int32{}
+		for t, ps := range mp.Actives {
+			if _, subscribed := topics[t]; subscribed {
+				tps[t] = slices.Clone(ps)
+			}
+		}
+		out[id] = tps // every member, even with nothing (kfake.md §8.2)
+		planned[id] = assignmentData{
+			MemberID: id, LeaderID: leaderID, Probe: plan.NeedsProbe,
+			Actives: mp.Actives, Standbys: mp.Standbys, Warmups: mp.Warmups, Globals: mp.Globals,
+			URLs: plan.URLs,
+		}
+	}
+	s.mu.Lock()
+	s.planned = planned
+	s.planProbe = plan.NeedsProbe
+	s.mu.Unlock()
+	s.log.Debug("runnel assignor planned", "members", len(ids), "probe", plan.NeedsProbe)
+	return out, nil
+}
+
+// AssignmentData implements sarama.BalanceStrategy (leader only): the encoded
+// assignment of memberID from the last Plan.
+func (s *Strategy) AssignmentData(memberID string, topics map[string][]int32, generationID int32) ([]byte, error) {
+	s.mu.Lock()
+	a, ok := s.planned[memberID]
+	s.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("runnel assignor: no plan for member %s", memberID)
+	}
+	a.Generation = generationID
+	return encodeAssignment(a), nil
+}
+
+// OnAssignment implements sarama.OnAssignmentBalanceStrategy. Without
+// decodable Runnel user data (an empty assignment, or a garbled one) the
+// member takes the Kafka-level topics as its actives.
+func (s *Strategy) OnAssignment(assignment *sarama.ConsumerGroupMemberAssignment, generationID int32) {
+	var a Assignment
+	data, err := decodeAssignment(assignment.UserData)
+	if err != nil {
+		if len(assignment.UserData) > 0 {
+			s.log.Warn("runnel assignor: assignment user data ignored", "generation", generationID, "err", err)
+		}
+		a = Assignment{Generation: generationID, Actives: map[string][]int32{}}
+		for t, ps := range assignment.Topics {
+			ps = slices.Clone(ps)
+			sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
+			a.Actives[t] = ps
+		}
+	} else {
+		a = Assignment{
+			Generation: generationID, MemberID: data.MemberID, LeaderID: data.LeaderID,
+			Leader:  data.LeaderID != "" && data.LeaderID == data.MemberID,
+			Actives: data.Actives, Standbys: data.Standbys, Warmups: data.Warmups, Globals: data.Globals,
+			URLs: data.URLs,
+		}
+	}
+	s.mu.Lock()
+	s.cur = a
+	if s.probeTimer != nil {
+		s.probeTimer.Stop()
+		s.probeTimer = nil
+	}
+	if a.Leader && s.planProbe {
+		s.probeTimer = time.AfterFunc(s.cfg.ProbingRebalanceInterval, func() {
+			select {
+			case s.probe <- struct{}{}:
+			default:
+			}
+		})
+	}
+	s.mu.Unlock()
+	if s.cfg.OnAssignment != nil {
+		s.cfg.OnAssignment(cloneAssignment(a))
+	}
+}
+
+func cloneTP(m map[string][]int32) map[string][]int32 {
+	out := make(map[string][]int32, len(m))
+	for t, ps := range m {
+		out[t] = slices.Clone(ps)
+	}
+	return out
+}
+
+func cloneAssignment(a Assignment) Assignment {
+	a.Actives, a.Standbys, a.Warmups, a.Globals = cloneTP(a.Actives), cloneTP(a.Standbys), cloneTP(a.Warmups), cloneTP(a.Globals)
+	urls := make(map[string]map[int32]string, len(a.URLs))
+	for t, m := range a.URLs {
+		urls[t] = maps.Clone(m)
+	}
+	a.URLs = urls
+	return a
+}

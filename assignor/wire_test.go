@@ -1,0 +1,105 @@
+package assignor
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+func sampleSubscription() subscription {
+	return subscription{
+		Instance: 1 << 60, ProcessID: "proc-1", URL: "http://h:8080", Generation: 7,
+		PrevActives:  map[string][]int32{"src": {0, 3, 9}, "tbl-changelog": {0, 3, 9}},
+		PrevStandbys: map[string][]int32{"tbl-changelog": {1, 2}},
+		Offsets:      map[string]map[int32]int64{"tbl-changelog": {0: 41, 3: -1, 9: 1 << 40}},
+	}
+}
+
+func sampleAssignment() assignmentData {
+	return assignmentData{
+		Generation: 12, MemberID: "m-1", LeaderID: "m-0", Probe: true,
+		Actives:  map[string][]int32{"src": {0, 5}},
+		Standbys: map[string][]int32{"cl": {1}},
+		Warmups:  map[string][]int32{"cl": {2}},
+		Globals:  map[string][]int32{"g": {0, 1, 2}},
+		URLs:     map[string]map[int32]string{"src": {0: "http://a", 1: "http://b", 5: "http://a"}},
+	}
+}
+
+func TestWireRoundTrip(t *testing.T) {
+	s := sampleSubscription()
+	b := encodeSubscription(s)
+	got, err := decodeSubscription(b)
+	if err != nil || !reflect.DeepEqual(got, s) {
+		t.Fatalf("subscription: %+v %v, want %+v", got, err, s)
+	}
+	a := sampleAssignment()
+	got2, err := decodeAssignment(encodeAssignment(a))
+	if err != nil || !reflect.DeepEqual(got2, a) {
+		t.Fatalf("assignment: %+v %v, want %+v", got2, err, a)
+	}
+	t.Logf("subscription %d bytes, assignment %d bytes", len(b), len(encodeAssignment(a)))
+}
+
+// A newer version appends fields: this decoder reads what it knows.
+func TestWireFutureVersion(t *testing.T) {
+	b := encodeSubscription(sampleSubscription())
+	b[0] = wireVersion + 1
+	b = append(b, 0xde, 0xad, 0xbe, 0xef)
+	got, err := decodeSubscription(b)
+	if err != nil || !reflect.DeepEqual(got, sampleSubscription()) {
+		t.Fatalf("future subscription: %+v %v", got, err)
+	}
+	ab := encodeAssignment(sampleAssignment())
+	ab[0] = 200
+	ab = append(ab, 1, 2, 3)
+	if got, err := decodeAssignment(ab); err != nil || !reflect.DeepEqual(got, sampleAssignment()) {
+		t.Fatalf("future assignment: %+v %v", got, err)
+	}
+}
+
+func TestWireGarbage(t *testing.T) {
+	good := encodeSubscription(sampleSubscription())
+	cases := map[string][]byte{
+		"empty":      nil,
+		"version 0":  {0, 1, 2},
+		"truncated":  good[:len(good)-1],
+		"trailing":   append(append([]byte{}, good...), 0),
+		"huge count": {1, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f},
+		"json":       []byte(`{"actives":{}}`),
+	}
+	for name, b := range cases {
+		if _, err := decodeSubscription(b); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: err = %v, want ErrMalformed", name, err)
+		}
+		if _, err := decodeAssignment(b); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s (assignment): err = %v, want ErrMalformed", name, err)
+		}
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add(encodeSubscription(sampleSubscription()))
+	f.Add(encodeAssignment(sampleAssignment()))
+	f.Add([]byte{1})
+	f.Add([]byte{2, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		// Whatever decodes must re-encode to a fixed point (encoding normalizes:
+		// sorted, deduplicated, empty topics dropped).
+		if s, err := decodeSubscription(b); err == nil {
+			e1 := encodeSubscription(s)
+			s2, err := decodeSubscription(e1)
+			if err != nil || !bytes.Equal(encodeSubscription(s2), e1) {
+				t.Fatalf("subscription re-encode: %v", err)
+			}
+		}
+		if a, err := decodeAssignment(b); err == nil {
+			e1 := encodeAssignment(a)
+			a2, err := decodeAssignment(e1)
+			if err != nil || !bytes.Equal(encodeAssignment(a2), e1) {
+				t.Fatalf("assignment re-encode: %v", err)
+			}
+		}
+	})
+}
