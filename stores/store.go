@@ -2,8 +2,17 @@ package stores
 
 import "errors"
 
-// ErrClosed is returned by every Store method called after Close.
+// ErrClosed is returned by every Store method called after Close, including a
+// second Close.
 var ErrClosed = errors.New("stores: store is closed")
+
+// ErrInvalidPartition is returned (wrapped) by every Store method given a
+// negative partition; Kafka partitions are numbered from 0.
+var ErrInvalidPartition = errors.New("stores: invalid partition")
+
+// ErrInvalidOffset is returned (wrapped) by Apply when Batch.Offset is below
+// NoOffset.
+var ErrInvalidOffset = errors.New("stores: invalid offset")
 
 // NoOffset is the applied changelog offset of a partition that has none yet.
 const NoOffset int64 = -1
@@ -38,19 +47,26 @@ func (b *Batch) Delete(key []byte) { b.Ops = append(b.Ops, Op{Key: key, Delete: 
 // Store is the local state of one table on one worker, partitioned like the
 // table's changelog topic. Implementations are safe for concurrent use.
 //
-// Keys and values are opaque bytes; a key lives in exactly one partition. Slices
-// passed in may be reused by the caller after the call returns; slices returned
-// are owned by the caller.
+// Keys and values are opaque bytes; a key lives in exactly one partition, and
+// the same key in two partitions is two independent entries. Partitions are
+// int32 >= 0 (ErrInvalidPartition otherwise). Slices passed in may be reused by
+// the caller after the call returns; slices returned, including those passed
+// to an Iterate callback, are owned by the caller. An empty value reads back
+// as a non-nil empty slice.
 type Store interface {
 	// Get returns the value of key in partition, and false when it is absent.
 	Get(partition int32, key []byte) (value []byte, ok bool, err error)
 	// Apply writes b to partition atomically (data and applied offset together).
+	// A nil or empty batch with Offset NoOffset is a no-op. Apply does not
+	// make the write durable by itself; see Sync.
 	Apply(partition int32, b *Batch) error
 	// Offset returns the changelog offset last applied to partition, or
 	// NoOffset when the partition has none.
 	Offset(partition int32) (int64, error)
 	// Iterate calls fn for every key of partition in ascending byte order; a
-	// non-nil error from fn stops the iteration and is returned.
+	// non-nil error from fn stops the iteration and is returned. fn sees a
+	// consistent snapshot of the partition taken when Iterate starts and may
+	// call other methods of the store (not Close, which waits for Iterate).
 	Iterate(partition int32, fn func(key, value []byte) error) error
 	// Partitions lists the partitions that hold data or an applied offset, ascending.
 	Partitions() ([]int32, error)

@@ -1,0 +1,429 @@
+package stores
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log"
+	"math"
+	"slices"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Key layout of a Pebble store (one Pebble instance per table per worker):
+//
+//	'd' | partition (uint32, big-endian) | user key   -> value
+//	'o' | partition (uint32, big-endian)              -> applied offset (int64, big-endian)
+//
+// The fixed-width big-endian partition makes every partition's data one
+// contiguous key range ['d'|p, 'd'|p+1) that sorts by partition, whatever the
+// user keys are: a user key that is a prefix of another, or partitions 255 and
+// 256, can never interleave. Offsets live under their own prefix so that
+// iterating a partition's data never meets them.
+const (
+	dataPrefix   byte = 'd'
+	offsetPrefix byte = 'o'
+	// prefixLen is the length of 'd'|partition and 'o'|partition.
+	prefixLen = 5
+)
+
+// Defaults of PebbleOptions.
+const (
+	// DefaultPebbleCacheSize is the block cache of a store opened without a
+	// shared Cache: 8 MiB (Pebble's own default).
+	DefaultPebbleCacheSize int64 = 8 << 20
+	// DefaultPebbleMemTableSize is the size of one memtable: 16 MiB. Pebble keeps
+	// at most MemTableStopWritesThreshold (2) full memtables before stalling
+	// writes, so the write buffer of a store is bounded by 32 MiB plus the one
+	// being filled. Larger than Pebble's 4 MiB default because restore writes
+	// batches of thousands of records and small memtables flush (and stall)
+	// often; see docs/stores.md for the measured effect.
+	DefaultPebbleMemTableSize uint64 = 16 << 20
+)
+
+// PebbleOptions tune a Pebble store. The zero value gives the documented
+// defaults.
+type PebbleOptions struct {
+	// Cache is a block cache shared by all the stores of a process (create it
+	// with pebble.NewCache(bytes)). Pebble takes its own reference on open and
+	// releases it on Close, so the creator may call Cache.Unref once every
+	// store is open. Nil gives the store a private cache of CacheSize bytes.
+	Cache *pebble.Cache
+	// CacheSize is the private block cache in bytes when Cache is nil; default
+	// DefaultPebbleCacheSize (8 MiB).
+	CacheSize int64
+	// MemTableSize is the size of one memtable in bytes; default
+	// DefaultPebbleMemTableSize (16 MiB). Write memory is bounded by about
+	// three memtables per store.
+	MemTableSize uint64
+	// Logger receives Pebble's log lines; default drops informational lines
+	// (flushes, compactions) and sends errors to the standard log package.
+	Logger pebble.Logger
+}
+
+// Pebble is a Store on one Pebble database at a directory. Each partition's
+// data and applied changelog offset are written by Apply in one pebble.Batch,
+// so after any crash the data of a partition is exactly the data of the
+// batches up to its stored offset (DESIGN.md §5; this fixes Goka's separate
+// offset write, spec/tables.md "Rules" 5).
+//
+// Apply commits with pebble.NoSync: the write-ahead log keeps batches in
+// order, so a crash loses a suffix of batches and never splits one; Sync and
+// Close fsync the log. It is safe for concurrent use.
+type Pebble struct {
+	db  *pebble.DB
+	dir string
+
+	// mu guards closed and active; idle is signalled when active drops to 0
+	// after closed is set. Every method except Close runs between enter and
+	// leave, and Close waits for active == 0 before closing the database,
+	// because Pebble forbids Close concurrent with any other call. This is a
+	// counter rather than an RWMutex so that an Iterate callback may call the
+	// store again without deadlocking against a waiting Close.
+	mu     sync.Mutex
+	idle   *sync.Cond
+	closed bool
+	active int
+}
+
+var _ Store = (*Pebble)(nil)
+
+// OpenPebble opens (creating if needed) the Pebble store at dir. Errors from
+// Pebble are wrapped with dir; a directory locked by another open store gives
+// an error, not a second instance.
+func OpenPebble(dir string, opts PebbleOptions) (*Pebble, error) {
+	po := &pebble.Options{
+		Cache:              opts.Cache,
+		CacheSize:          opts.CacheSize,
+		MemTableSize:       opts.MemTableSize,
+		Logger:             opts.Logger,
+		FormatMajorVersion: pebble.FormatNewest,
+	}
+	if po.Cache == nil && po.CacheSize <= 0 {
+		po.CacheSize = DefaultPebbleCacheSize
+	}
+	if po.MemTableSize == 0 {
+		po.MemTableSize = DefaultPebbleMemTableSize
+	}
+	if po.Logger == nil {
+		po.Logger = quietLogger{}
+	}
+	db, err := pebble.Open(dir, po)
+	if err != nil {
+		return nil, fmt.Errorf("open pebble store %s: %w", dir, err)
+	}
+	p := &Pebble{db: db, dir: dir}
+	p.idle = sync.NewCond(&p.mu)
+	return p, nil
+}
+
+// Dir returns the directory the store was opened at.
+func (p *Pebble) Dir() string { return p.dir }
+
+// enter registers a running call, or returns ErrClosed.
+func (p *Pebble) enter() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	p.active++
+	return nil
+}
+
+// leave ends a call registered by enter.
+func (p *Pebble) leave() {
+	p.mu.Lock()
+	p.active--
+	if p.active == 0 && p.closed {
+		p.idle.Broadcast()
+	}
+	p.mu.Unlock()
+}
+
+// Get implements Store.
+func (p *Pebble) Get(partition int32, key []byte) ([]byte, bool, error) {
+	if err := checkPartition(partition); err != nil {
+		return nil, false, fmt.Errorf("get [%d]: %w", partition, err)
+	}
+	if err := p.enter(); err != nil {
+		return nil, false, err
+	}
+	defer p.leave()
+	k := dataKey(make([]byte, 0, prefixLen+len(key)), partition, key)
+	v, closer, err := p.db.Get(k)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("get [%d] in %s: %w", partition, p.dir, err)
+	}
+	out := append([]byte{}, v...)
+	if err := closer.Close(); err != nil {
+		return nil, false, fmt.Errorf("get [%d] in %s: %w", partition, p.dir, err)
+	}
+	return out, true, nil
+}
+
+// Apply implements Store: the ops and the offset key go into one pebble.Batch
+// committed with pebble.NoSync.
+func (p *Pebble) Apply(partition int32, b *Batch) error {
+	if err := checkBatch(partition, b); err != nil {
+		return err
+	}
+	if b == nil || (len(b.Ops) == 0 && b.Offset == NoOffset) {
+		// Still report ErrClosed on a closed store.
+		if err := p.enter(); err != nil {
+			return err
+		}
+		p.leave()
+		return nil
+	}
+	if err := p.enter(); err != nil {
+		return err
+	}
+	defer p.leave()
+
+	// Size the batch up front: per op the batch holds a kind byte, two varint
+	// lengths (at most 5 bytes each here), the prefixed key and the value.
+	size, maxKey := 12+prefixLen+8, 0
+	for _, op := range b.Ops {
+		size += 11 + prefixLen + len(op.Key) + len(op.Value)
+		maxKey = max(maxKey, len(op.Key))
+	}
+	pb := p.db.NewBatchWithSize(size)
+	defer pb.Close()
+	// Batch.Set and Batch.Delete copy key and value, so one key buffer serves.
+	kbuf := make([]byte, 0, prefixLen+maxKey)
+	for _, op := range b.Ops {
+		kbuf = dataKey(kbuf[:0], partition, op.Key)
+		var err error
+		if op.Delete {
+			err = pb.Delete(kbuf, nil)
+		} else {
+			err = pb.Set(kbuf, op.Value, nil)
+		}
+		if err != nil {
+			return fmt.Errorf("apply [%d] in %s: %w", partition, p.dir, err)
+		}
+	}
+	if b.Offset != NoOffset {
+		var v [8]byte
+		binary.BigEndian.PutUint64(v[:], uint64(b.Offset))
+		if err := pb.Set(offsetKey(partition), v[:], nil); err != nil {
+			return fmt.Errorf("apply [%d] offset %d in %s: %w", partition, b.Offset, p.dir, err)
+		}
+	}
+	if err := pb.Commit(pebble.NoSync); err != nil {
+		return fmt.Errorf("apply [%d] in %s: %w", partition, p.dir, err)
+	}
+	return nil
+}
+
+// Offset implements Store.
+func (p *Pebble) Offset(partition int32) (int64, error) {
+	if err := checkPartition(partition); err != nil {
+		return NoOffset, fmt.Errorf("offset [%d]: %w", partition, err)
+	}
+	if err := p.enter(); err != nil {
+		return NoOffset, err
+	}
+	defer p.leave()
+	v, closer, err := p.db.Get(offsetKey(partition))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return NoOffset, nil
+	}
+	if err != nil {
+		return NoOffset, fmt.Errorf("offset [%d] in %s: %w", partition, p.dir, err)
+	}
+	defer closer.Close()
+	if len(v) != 8 {
+		return NoOffset, fmt.Errorf("offset [%d] in %s: stored value has %d bytes, want 8", partition, p.dir, len(v))
+	}
+	return int64(binary.BigEndian.Uint64(v)), nil
+}
+
+// Iterate implements Store over a Pebble iterator bounded to the partition's
+// data range; the iterator reads the snapshot current when it is created.
+func (p *Pebble) Iterate(partition int32, fn func(key, value []byte) error) error {
+	if err := checkPartition(partition); err != nil {
+		return fmt.Errorf("iterate [%d]: %w", partition, err)
+	}
+	if err := p.enter(); err != nil {
+		return err
+	}
+	defer p.leave()
+	lo, hi := partitionBounds(dataPrefix, partition)
+	it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return fmt.Errorf("iterate [%d] in %s: %w", partition, p.dir, err)
+	}
+	for valid := it.First(); valid; valid = it.Next() {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return errors.Join(fmt.Errorf("iterate [%d] in %s: %w", partition, p.dir, err), it.Close())
+		}
+		k := append([]byte{}, it.Key()[prefixLen:]...)
+		if err := fn(k, append([]byte{}, v...)); err != nil {
+			_ = it.Close()
+			return err
+		}
+	}
+	if err := it.Close(); err != nil {
+		return fmt.Errorf("iterate [%d] in %s: %w", partition, p.dir, err)
+	}
+	return nil
+}
+
+// Partitions implements Store. It seeks from one partition to the next
+// ('d'|p+1, then 'o'|p+1), so it costs a seek per partition, not a scan of the
+// data.
+func (p *Pebble) Partitions() ([]int32, error) {
+	if err := p.enter(); err != nil {
+		return nil, err
+	}
+	defer p.leave()
+	seen := make(map[int32]bool)
+	for _, prefix := range []byte{dataPrefix, offsetPrefix} {
+		it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefix}, UpperBound: []byte{prefix + 1}})
+		if err != nil {
+			return nil, fmt.Errorf("partitions in %s: %w", p.dir, err)
+		}
+		for valid := it.First(); valid; {
+			k := it.Key()
+			if len(k) < prefixLen {
+				_ = it.Close()
+				return nil, fmt.Errorf("partitions in %s: malformed key %q", p.dir, k)
+			}
+			id := binary.BigEndian.Uint32(k[1:prefixLen])
+			if id > math.MaxInt32 {
+				_ = it.Close()
+				return nil, fmt.Errorf("partitions in %s: malformed key %q", p.dir, k)
+			}
+			seen[int32(id)] = true
+			var next [prefixLen]byte
+			next[0] = prefix
+			binary.BigEndian.PutUint32(next[1:], id+1)
+			valid = it.SeekGE(next[:])
+		}
+		if err := it.Close(); err != nil {
+			return nil, fmt.Errorf("partitions in %s: %w", p.dir, err)
+		}
+	}
+	out := make([]int32, 0, len(seen))
+	for id := range seen {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// DropPartition implements Store with one batch holding a range delete of the
+// partition's data and a delete of its offset key, so a crash leaves either
+// the whole partition or none of it.
+func (p *Pebble) DropPartition(partition int32) error {
+	if err := checkPartition(partition); err != nil {
+		return fmt.Errorf("drop [%d]: %w", partition, err)
+	}
+	if err := p.enter(); err != nil {
+		return err
+	}
+	defer p.leave()
+	lo, hi := partitionBounds(dataPrefix, partition)
+	pb := p.db.NewBatch()
+	defer pb.Close()
+	if err := pb.DeleteRange(lo, hi, nil); err != nil {
+		return fmt.Errorf("drop [%d] in %s: %w", partition, p.dir, err)
+	}
+	if err := pb.Delete(offsetKey(partition), nil); err != nil {
+		return fmt.Errorf("drop [%d] in %s: %w", partition, p.dir, err)
+	}
+	if err := pb.Commit(pebble.NoSync); err != nil {
+		return fmt.Errorf("drop [%d] in %s: %w", partition, p.dir, err)
+	}
+	return nil
+}
+
+// Sync implements Store: it fsyncs Pebble's write-ahead log, which holds every
+// batch committed before the call.
+func (p *Pebble) Sync() error {
+	if err := p.enter(); err != nil {
+		return err
+	}
+	defer p.leave()
+	return p.sync()
+}
+
+func (p *Pebble) sync() error {
+	// An empty LogData record committed with Sync waits for the WAL fsync that
+	// covers every earlier commit (the commit pipeline is ordered).
+	if err := p.db.LogData(nil, pebble.Sync); err != nil {
+		return fmt.Errorf("sync %s: %w", p.dir, err)
+	}
+	return nil
+}
+
+// Close implements Store: it waits for running calls, fsyncs the log and
+// closes the database. Errors of both steps are returned together.
+func (p *Pebble) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return ErrClosed
+	}
+	p.closed = true
+	for p.active > 0 {
+		p.idle.Wait()
+	}
+	p.mu.Unlock()
+	return errors.Join(p.sync(), wrapErr("close "+p.dir, p.db.Close()))
+}
+
+func wrapErr(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// dataKey appends 'd'|partition|key to dst.
+func dataKey(dst []byte, partition int32, key []byte) []byte {
+	dst = append(dst, dataPrefix)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(partition))
+	return append(dst, key...)
+}
+
+// offsetKey returns 'o'|partition.
+func offsetKey(partition int32) []byte {
+	k := make([]byte, prefixLen)
+	k[0] = offsetPrefix
+	binary.BigEndian.PutUint32(k[1:], uint32(partition))
+	return k
+}
+
+// partitionBounds returns [prefix|partition, prefix|partition+1), the key
+// range of one partition under prefix. partition >= 0, so partition+1 fits in
+// a uint32.
+func partitionBounds(prefix byte, partition int32) (lo, hi []byte) {
+	lo = make([]byte, prefixLen)
+	hi = make([]byte, prefixLen)
+	lo[0], hi[0] = prefix, prefix
+	binary.BigEndian.PutUint32(lo[1:], uint32(partition))
+	binary.BigEndian.PutUint32(hi[1:], uint32(partition)+1)
+	return lo, hi
+}
+
+// quietLogger drops Pebble's informational lines and forwards errors and
+// fatal errors (which Pebble raises only on internal corruption) to the
+// standard logger.
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any) {}
+func (quietLogger) Errorf(format string, args ...any) {
+	log.Printf("pebble: "+format, args...)
+}
+func (quietLogger) Fatalf(format string, args ...any) {
+	pebble.DefaultLogger.Fatalf(format, args...)
+}
