@@ -9,6 +9,7 @@ import (
 
 	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/table"
 )
 
 // Func is an agent's body: it runs once per assigned partition of its topic,
@@ -24,7 +25,7 @@ type Runner interface {
 	// Run runs the agent body over sub, the subscription of partition p. It
 	// returns nil when the stream ended because the source stopped, the agent's
 	// error otherwise (a panic is recovered and returned as an error).
-	Run(ctx context.Context, p int32, sub *source.Subscription) error
+	Run(ctx context.Context, p int32, sub *source.Subscription, env *table.Env) error
 }
 
 // Agent is a declared agent.
@@ -48,8 +49,8 @@ func (a *Agent[K, V]) Name() string { return a.name }
 func (a *Agent[K, V]) Topic() string { return a.topic.Name() }
 
 // Run implements Runner.
-func (a *Agent[K, V]) Run(ctx context.Context, p int32, sub *source.Subscription) (err error) {
-	s := &Stream[K, V]{ctx: ctx, sub: sub, partition: p, kc: a.topic.kc, vc: a.topic.vc}
+func (a *Agent[K, V]) Run(ctx context.Context, p int32, sub *source.Subscription, env *table.Env) (err error) {
+	s := &Stream[K, V]{ctx: ctx, sub: sub, partition: p, kc: a.topic.kc, vc: a.topic.vc, env: env}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("agent %s[%d] panicked: %v\n%s", a.name, p, r, debug.Stack())
@@ -68,6 +69,7 @@ type Stream[K any, V any] struct {
 	partition int32
 	kc        codec.Codec[K]
 	vc        codec.Codec[V]
+	env       *table.Env
 	err       error
 }
 
@@ -92,7 +94,7 @@ func (s *Stream[K, V]) Events() iter.Seq[*Event[K, V]] {
 				}
 				return
 			}
-			ev := &Event[K, V]{Record: d.Record, d: d}
+			ev := &Event[K, V]{Record: d.Record, d: d, env: s.env}
 			if d.Record.Key != nil {
 				if ev.Key, err = s.kc.Decode(d.Record.Key); err != nil {
 					d.Reject(fmt.Errorf("decode key of %s[%d]@%d: %w", d.Record.Topic, d.Record.Partition, d.Record.Offset, err))
@@ -119,7 +121,11 @@ type Event[K any, V any] struct {
 	Value  V
 	Record *source.Record
 	d      *source.Delivery
+	env    *table.Env
 }
+
+// Env implements table.Event.
+func (e *Event[K, V]) Env() *table.Env { return e.env }
 
 // Partition is the record's partition.
 func (e *Event[K, V]) Partition() int32 { return e.Record.Partition }

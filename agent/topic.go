@@ -2,7 +2,6 @@ package agent
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/runnel-dev/runnel/codec"
 	"github.com/runnel-dev/runnel/internal/kafka"
@@ -22,8 +21,6 @@ type TopicDef interface {
 	Partitions() int32
 	KeyCodec() string
 	ValueCodec() string
-	// Attach gives the topic the worker's producer (nil to detach).
-	Attach(send table.SendFunc)
 }
 
 // Topic is a typed Kafka topic: agents consume it and sinks send to it.
@@ -35,9 +32,6 @@ type Topic[K any, V any] struct {
 	partitions int32
 	kc         codec.Codec[K]
 	vc         codec.Codec[V]
-
-	mu   sync.RWMutex
-	send table.SendFunc // guarded by mu; set while a worker runs
 }
 
 // NewTopic declares a topic with the given partition count on h.
@@ -62,22 +56,13 @@ func (t *Topic[K, V]) ValueCodec() string { return t.vc.Name() }
 // Codecs returns the key and value codecs.
 func (t *Topic[K, V]) Codecs() (codec.Codec[K], codec.Codec[V]) { return t.kc, t.vc }
 
-// Attach is called by the worker.
-func (t *Topic[K, V]) Attach(send table.SendFunc) {
-	t.mu.Lock()
-	t.send = send
-	t.mu.Unlock()
-}
-
 // Send produces one record to the topic as a sink of the event ev: the source
 // record of ev is not committed before the broker acknowledged this record.
 // Errors: the encoding errors of the codecs, table.ErrOutsideWindow when ev's
 // window is closed, table.ErrNotRunning outside a worker.
 func (t *Topic[K, V]) Send(ev table.Event, key K, value V) error {
-	t.mu.RLock()
-	send := t.send
-	t.mu.RUnlock()
-	if send == nil {
+	env := ev.Env()
+	if env == nil || env.Send == nil {
 		return fmt.Errorf("send to %s: %w", t.name, table.ErrNotRunning)
 	}
 	kb, err := t.kc.Encode(key)
@@ -93,7 +78,7 @@ func (t *Topic[K, V]) Send(ev table.Event, key K, value V) error {
 		return fmt.Errorf("send to %s: %w", t.name, table.ErrOutsideWindow)
 	}
 	p := kafka.PartitionFor(kb, t.partitions)
-	if err := send(t.name, p, kb, vb, func(_ int64, err error) { done(err) }); err != nil {
+	if err := env.Send(t.name, p, kb, vb, func(_ int64, err error) { done(err) }); err != nil {
 		done(err)
 		return fmt.Errorf("send to %s[%d]: %w", t.name, p, err)
 	}

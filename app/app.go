@@ -55,6 +55,7 @@ type Config struct {
 	HTTPAddr string
 
 	devTopic, devKeyField string
+	topicPrefix           string
 }
 
 // Option configures an App.
@@ -85,6 +86,11 @@ func WithGroupTimeouts(session, heartbeat, rebalance, fetchMaxWait time.Duration
 
 // WithHTTPAddr sets the worker's HTTP listen address (empty disables it).
 func WithHTTPAddr(addr string) Option { return func(c *Config) { c.HTTPAddr = addr } }
+
+// WithTopicPrefix prefixes the names of the app's declared topics, so that
+// several instances of one app (tests, tenants) can share a cluster. Changelog
+// topics are named from the app ID and need no prefix.
+func WithTopicPrefix(p string) Option { return func(c *Config) { c.topicPrefix = p } }
 
 // New declares an app. id names the consumer group and prefixes changelog topics.
 func New(id string, opts ...Option) *App {
@@ -172,7 +178,7 @@ func Topic[K any, V any](a *App, name string, kc codec.Codec[K], vc codec.Codec[
 	for _, f := range opts {
 		f(&o)
 	}
-	return agent.NewTopic(a, name, kc, vc, o.partitions)
+	return agent.NewTopic(a, a.cfg.topicPrefix+name, kc, vc, o.partitions)
 }
 
 // Topology returns the declared graph, with table partition counts resolved

@@ -148,7 +148,7 @@ func (a *App) Command() *cobra.Command {
 			if def == nil {
 				return fmt.Errorf("no table %q (tables: %s)", args[0], strings.Join(a.tableNames(), ", "))
 			}
-			client, err := a.client()
+			client, err := a.client(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -174,7 +174,7 @@ func (a *App) Command() *cobra.Command {
 				return err
 			}
 			if sendTopic == "" {
-				sendTopic, sendKey = a.cfg.devTopic, firstNonEmpty(sendKey, a.cfg.devKeyField)
+				sendTopic, sendKey = a.cfg.topicPrefix+a.cfg.devTopic, firstNonEmpty(sendKey, a.cfg.devKeyField)
 			}
 			t, ok := g.Topic(sendTopic)
 			if !ok {
@@ -190,7 +190,7 @@ func (a *App) Command() *cobra.Command {
 				return err
 			}
 			w0 := &Worker{app: a, graph: g}
-			client, err := connect(brokers, kafka.NewConfig("runnel-send", sarama.KafkaVersion{}, kafka.Timeouts{}), w0.topicSpecs())
+			client, _, err := connect(cmd.Context(), brokers, "runnel-send", kafka.Timeouts{}, w0.topicSpecs())
 			if err != nil {
 				return err
 			}
@@ -216,15 +216,11 @@ func firstNonEmpty(s ...string) string {
 	return ""
 }
 
-func (a *App) client() (sarama.Client, error) {
+func (a *App) client(ctx context.Context) (sarama.Client, error) {
 	brokers, err := resolveBrokers(a.cfg.Brokers)
 	if err != nil {
 		return nil, err
 	}
-	c := kafka.NewConfig("runnel-cli", sarama.KafkaVersion{}, kafka.Timeouts{})
-	client, err := sarama.NewClient(brokers, c)
-	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", strings.Join(brokers, ","), err)
-	}
-	return client, nil
+	client, _, err := connect(ctx, brokers, "runnel-cli", kafka.Timeouts{}, nil)
+	return client, err
 }

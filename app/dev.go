@@ -55,38 +55,14 @@ func WithDevInput(topic, keyField string) Option {
 // everything derived from it) is processed, then stops the workers cleanly and
 // reports the tables, read back from their changelogs.
 func (a *App) Dev(ctx context.Context, o DevOptions) error {
-	if o.Workers <= 0 {
-		o.Workers = 1
-	}
 	if o.Top <= 0 {
 		o.Top = 10
-	}
-	if o.Timeout <= 0 {
-		o.Timeout = 10 * time.Minute
 	}
 	if o.Out == nil {
 		o.Out = os.Stdout
 	}
-	if o.InputTopic == "" {
-		o.InputTopic = a.cfg.devTopic
-	}
-	if o.KeyField == "" {
-		o.KeyField = a.cfg.devKeyField
-	}
-	g, err := a.Topology()
-	if err != nil {
-		return err
-	}
-	var dumpDef table.Def
-	if o.Dump != "" {
-		for _, d := range a.tables {
-			if d.Name() == o.Dump {
-				dumpDef = d
-			}
-		}
-		if dumpDef == nil {
-			return fmt.Errorf("--dump %s: no such table (tables: %s)", o.Dump, strings.Join(a.tableNames(), ", "))
-		}
+	if o.Dump != "" && a.tableDef(o.Dump) == nil {
+		return fmt.Errorf("--dump %s: no such table (tables: %s)", o.Dump, strings.Join(a.tableNames(), ", "))
 	}
 	if o.DataDir == "" {
 		dir, err := os.MkdirTemp("", "runnel-dev-")
@@ -101,32 +77,66 @@ func (a *App) Dev(ctx context.Context, o DevOptions) error {
 		return err
 	}
 	defer broker.Close()
-	brokers := broker.Addrs()
-	a.cfg.Logger.Info("embedded broker started", "addrs", brokers)
-
-	w0 := &Worker{app: a, graph: g}
-	sc := kafka.NewConfig("runnel-dev", sarama.KafkaVersion{}, kafka.Timeouts{})
-	client, err := connect(brokers, sc, w0.topicSpecs())
+	a.cfg.Logger.Info("embedded broker started", "addrs", broker.Addrs())
+	if a.cfg.Session == 0 {
+		a.cfg.Session, a.cfg.Heartbeat, a.cfg.Rebalance, a.cfg.FetchMaxWait =
+			kafka.TestTimeouts.Session, kafka.TestTimeouts.Heartbeat, kafka.TestTimeouts.Rebalance, kafka.TestTimeouts.MaxWait
+	}
+	a.cfg.CommitInterval = min(a.cfg.CommitInterval, 300*time.Millisecond)
+	tables, err := a.Process(ctx, broker.Addrs(), o)
 	if err != nil {
 		return err
+	}
+	if o.Dump != "" {
+		return writeTable(o.Out, o.Dump, tables[o.Dump], o.JSONOut, 0)
+	}
+	for _, d := range a.tables {
+		if err := writeTable(o.Out, d.Name(), tables[d.Name()], false, o.Top); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Process runs the app on brokers the way dev mode does: it creates the topics,
+// loads o.Input, runs o.Workers workers in this process (stores under
+// o.DataDir/worker-N) until the group's lag is 0 on every source partition,
+// stops them cleanly, and returns every table read back from its changelog
+// (table name -> key -> decoded value).
+func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (map[string]map[string]any, error) {
+	if o.Workers <= 0 {
+		o.Workers = 1
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 10 * time.Minute
+	}
+	if o.InputTopic == "" {
+		o.InputTopic = a.cfg.topicPrefix + a.cfg.devTopic
+	}
+	if o.KeyField == "" {
+		o.KeyField = a.cfg.devKeyField
+	}
+	g, err := a.Topology()
+	if err != nil {
+		return nil, err
+	}
+	w0 := &Worker{app: a, graph: g}
+	client, _, err := connect(ctx, brokers, "runnel-dev", kafka.Timeouts{}, w0.topicSpecs())
+	if err != nil {
+		return nil, err
 	}
 	defer client.Close()
 
 	if o.Input != "" {
 		t, ok := g.Topic(o.InputTopic)
 		if !ok {
-			return fmt.Errorf("--input: topic %q is not declared (set it with --topic or app.WithDevInput)", o.InputTopic)
+			return nil, fmt.Errorf("--input: topic %q is not declared (set it with --topic or app.WithDevInput)", o.InputTopic)
 		}
 		if err := a.loadInput(ctx, client, o, t.Partitions); err != nil {
-			return err
+			return nil, err
 		}
 	}
 
-	a.cfg.CommitInterval = min(a.cfg.CommitInterval, 300*time.Millisecond)
-	if a.cfg.Session == 0 {
-		a.cfg.Session, a.cfg.Heartbeat, a.cfg.Rebalance, a.cfg.FetchMaxWait =
-			kafka.TestTimeouts.Session, kafka.TestTimeouts.Heartbeat, kafka.TestTimeouts.Rebalance, kafka.TestTimeouts.MaxWait
-	}
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
@@ -136,7 +146,7 @@ func (a *App) Dev(ctx context.Context, o DevOptions) error {
 		if err != nil {
 			stop()
 			wg.Wait()
-			return err
+			return nil, err
 		}
 		wg.Add(1)
 		go func() {
@@ -151,27 +161,30 @@ func (a *App) Dev(ctx context.Context, o DevOptions) error {
 	stop()
 	wg.Wait()
 	if err := errors.Join(werrs...); err != nil {
-		return fmt.Errorf("workers: %w", err)
+		return nil, fmt.Errorf("workers: %w", err)
 	}
 	if lagErr != nil {
-		return lagErr
+		return nil, lagErr
 	}
 	a.cfg.Logger.Info("all input processed", "workers", o.Workers, "elapsed", time.Since(start).Round(time.Millisecond))
-
-	if dumpDef != nil {
-		m, err := ReadTable(ctx, client, dumpDef)
-		if err != nil {
-			return err
-		}
-		return writeTable(o.Out, dumpDef.Name(), m, o.JSONOut, 0)
-	}
+	out := map[string]map[string]any{}
 	for _, d := range a.tables {
+		if o.Dump != "" && d.Name() != o.Dump {
+			continue
+		}
 		m, err := ReadTable(ctx, client, d)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if err := writeTable(o.Out, d.Name(), m, false, o.Top); err != nil {
-			return err
+		out[d.Name()] = m
+	}
+	return out, nil
+}
+
+func (a *App) tableDef(name string) table.Def {
+	for _, d := range a.tables {
+		if d.Name() == name {
+			return d
 		}
 	}
 	return nil

@@ -187,7 +187,7 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	errs := make(chan error, len(runners))
 	for i, r := range runners {
 		go func() {
-			err := r.Run(actx, p, subs[i])
+			err := r.Run(actx, p, subs[i], w.env)
 			subs[i].Unsubscribe(err)
 			errs <- err
 		}()

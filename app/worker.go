@@ -15,11 +15,11 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/hashicorp/go-multierror"
-	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/changelog"
 	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/runnel-dev/runnel/internal/kafkaversion"
 	"github.com/runnel-dev/runnel/stores"
 	"github.com/runnel-dev/runnel/table"
 	"github.com/runnel-dev/runnel/topology"
@@ -54,6 +54,7 @@ type Worker struct {
 	strategy *assignor.Strategy
 	mgr      *source.Manager
 	tables   []*tableRuntime
+	env      *table.Env
 	metrics  *metrics
 
 	mu         sync.Mutex
@@ -133,13 +134,8 @@ func (w *Worker) Ready() bool {
 	return w.ready
 }
 
-func (w *Worker) saramaConfig() *sarama.Config {
-	c := kafka.NewConfig("runnel-"+w.app.id, sarama.KafkaVersion{}, kafka.Timeouts{
-		Session: w.cfg.Session, Heartbeat: w.cfg.Heartbeat, Rebalance: w.cfg.Rebalance, MaxWait: w.cfg.FetchMaxWait})
-	c.Net.DialTimeout = 5 * time.Second
-	c.Metadata.Retry.Max = 2
-	c.Metadata.Retry.Backoff = 200 * time.Millisecond
-	return c
+func (w *Worker) timeouts() kafka.Timeouts {
+	return kafka.Timeouts{Session: w.cfg.Session, Heartbeat: w.cfg.Heartbeat, Rebalance: w.cfg.Rebalance, MaxWait: w.cfg.FetchMaxWait}
 }
 
 func (w *Worker) topicSpecs() []kafka.TopicSpec {
@@ -156,22 +152,40 @@ func (w *Worker) topicSpecs() []kafka.TopicSpec {
 
 func dlqTopic(app string) string { return app + "-dlq" }
 
-// connect opens the client and creates the declared topics.
-func connect(brokers []string, c *sarama.Config, specs []kafka.TopicSpec) (sarama.Client, error) {
+// ConnectTimeout bounds how long a worker or command waits for the brokers to
+// answer before it gives up with an error (a wrong address never hangs).
+var ConnectTimeout = 15 * time.Second
+
+// connect detects the cluster's protocol version (ApiVersions), opens a client
+// configured for it and creates the declared topics (specs may be empty).
+func connect(ctx context.Context, brokers []string, clientID string, t kafka.Timeouts, specs []kafka.TopicSpec) (sarama.Client, *sarama.Config, error) {
+	dctx, cancel := context.WithTimeout(ctx, ConnectTimeout)
+	defer cancel()
+	v, err := kafkaversion.Detect(dctx, brokers, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to %s: %w", strings.Join(brokers, ","), err)
+	}
+	c := kafka.NewConfig(clientID, v, t)
+	c.Net.DialTimeout = 5 * time.Second
+	c.Metadata.Retry.Max = 2
+	c.Metadata.Retry.Backoff = 200 * time.Millisecond
 	client, err := sarama.NewClient(brokers, c)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", strings.Join(brokers, ","), err)
+		return nil, nil, fmt.Errorf("connect to %s: %w", strings.Join(brokers, ","), err)
+	}
+	if len(specs) == 0 {
+		return client, c, nil
 	}
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {
 		client.Close()
-		return nil, fmt.Errorf("admin: %w", err)
+		return nil, nil, fmt.Errorf("admin: %w", err)
 	}
 	if err := kafka.EnsureTopics(admin, len(client.Brokers()), specs); err != nil {
 		client.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	return client, nil
+	return client, c, nil
 }
 
 // Run joins the group and processes records until ctx ends, then leaves the
@@ -182,8 +196,8 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	sc := w.saramaConfig()
-	w.client, err = connect(brokers, sc, w.topicSpecs())
+	var sc *sarama.Config
+	w.client, sc, err = connect(ctx, brokers, "runnel-"+w.app.id, w.timeouts(), w.topicSpecs())
 	if err != nil {
 		return err
 	}
@@ -236,13 +250,11 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		}
 		closers = append(closers, st.Close)
 		rt := &tableRuntime{def: def, parts: tt.Partitions, store: st, state: table.NewState(def, tt.Partitions, st, send)}
-		def.Attach(rt.state)
-		closers = append(closers, func() error { def.Attach(nil); return nil })
 		w.tables = append(w.tables, rt)
 	}
-	for _, t := range w.app.topics {
-		t.Attach(send)
-		closers = append(closers, func() error { t.Attach(nil); return nil })
+	w.env = &table.Env{States: map[string]*table.State{}, Send: send}
+	for _, t := range w.tables {
+		w.env.States[t.def.Name()] = t.state
 	}
 	closers = append(closers, func() error {
 		fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -24,6 +24,19 @@ type Event interface {
 	// ok is false when the window is closed (the agent already pulled the next
 	// record) or the event is no longer pending.
 	BindPersist() (done func(error), ok bool)
+	// Env is the runtime of the worker processing the event. Tables and topics
+	// are declared once per app but run on every worker of a process (dev mode
+	// runs several), so they find their per-worker state through the event.
+	Env() *Env
+}
+
+// Env is one worker's runtime as tables and sinks see it: each table's state
+// and the producer for derived records.
+type Env struct {
+	// States maps a table name to its runtime on this worker.
+	States map[string]*State
+	// Send produces derived records (sinks).
+	Send SendFunc
 }
 
 // Host is what a table registers with: the App.
@@ -44,8 +57,6 @@ type Def interface {
 	// KeyCodec and ValueCodec name the codecs, for describe.
 	KeyCodec() string
 	ValueCodec() string
-	// Attach gives the table its runtime state on a worker (nil to detach).
-	Attach(s *State)
 	// Format renders a stored key and value for dumps; errors are user data
 	// that does not decode.
 	Format(key, value []byte) (k string, v any, err error)
@@ -68,9 +79,6 @@ type Table[K any, V any] struct {
 	kc          codec.Codec[K]
 	vc          codec.Codec[V]
 	opts        options
-
-	mu    sync.RWMutex
-	state *State // set by the worker while it runs; guarded by mu
 }
 
 // New declares a table on h. The changelog topic is created by the worker.
@@ -98,13 +106,6 @@ func (t *Table[K, V]) KeyCodec() string { return t.kc.Name() }
 // ValueCodec names the value codec.
 func (t *Table[K, V]) ValueCodec() string { return t.vc.Name() }
 
-// Attach is called by the worker.
-func (t *Table[K, V]) Attach(s *State) {
-	t.mu.Lock()
-	t.state = s
-	t.mu.Unlock()
-}
-
 // Format decodes a stored key and value.
 func (t *Table[K, V]) Format(key, value []byte) (string, any, error) {
 	k, err := t.kc.Decode(key)
@@ -118,19 +119,18 @@ func (t *Table[K, V]) Format(key, value []byte) (string, any, error) {
 	return fmt.Sprint(k), v, nil
 }
 
-func (t *Table[K, V]) current() (*State, error) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	if t.state == nil {
+func (t *Table[K, V]) current(ev Event) (*State, error) {
+	env := ev.Env()
+	if env == nil || env.States[t.name] == nil {
 		return nil, fmt.Errorf("table %s: %w", t.name, ErrNotRunning)
 	}
-	return t.state, nil
+	return env.States[t.name], nil
 }
 
 // Get returns the value of key in the event's partition and whether it exists.
 func (t *Table[K, V]) Get(ev Event, key K) (V, bool, error) {
 	var zero V
-	s, err := t.current()
+	s, err := t.current(ev)
 	if err != nil {
 		return zero, false, err
 	}
@@ -151,7 +151,7 @@ func (t *Table[K, V]) Get(ev Event, key K) (V, bool, error) {
 
 // Set writes value under key, bound to ev.
 func (t *Table[K, V]) Set(ev Event, key K, value V) error {
-	s, err := t.current()
+	s, err := t.current(ev)
 	if err != nil {
 		return err
 	}
@@ -179,7 +179,7 @@ func (t *Table[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
 
 // Delete removes key (a tombstone in the changelog), bound to ev.
 func (t *Table[K, V]) Delete(ev Event, key K) error {
-	s, err := t.current()
+	s, err := t.current(ev)
 	if err != nil {
 		return err
 	}
