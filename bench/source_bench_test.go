@@ -18,6 +18,7 @@ import (
 type benchProducer struct {
 	n        int
 	advanced atomic.Int64
+	calls    atomic.Int64
 	all      chan struct{} // closed once n records were advanced
 }
 
@@ -35,6 +36,7 @@ func (p *benchProducer) Open(ctx context.Context, emit func(*source.Record, any)
 func (p *benchProducer) Lane(any) (any, error) { return int32(0), nil }
 
 func (p *benchProducer) Advance(_ context.Context, batch []source.AdvanceItem) error {
+	p.calls.Add(1)
 	if p.advanced.Add(int64(len(batch))) == int64(p.n) {
 		close(p.all)
 	}
@@ -105,6 +107,9 @@ func BenchmarkSource(b *testing.B) {
 				}
 				b.StopTimer()
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
+				if mode == "ack" {
+					b.ReportMetric(float64(b.N)/float64(p.calls.Load()), "records/advance")
+				}
 				m.StopAll()
 			})
 		}
