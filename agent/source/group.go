@@ -571,12 +571,19 @@ func (g *group) pass(ctx context.Context) (bool, error) {
 	progressed := false
 	for _, ln := range lanes {
 		g.mu.Lock()
-		batch := g.harvestLocked(ln)
+		popped := g.harvestLocked(ln)
 		g.mu.Unlock()
-		if len(batch) == 0 {
+		if len(popped) == 0 {
 			continue
 		}
 		progressed = true
+		// Resolved entries are immutable (resolveLocked and
+		// failEverywhereLocked skip them), so the batch is built without
+		// holding g.mu: a long harvest must not stall the poll loop.
+		batch := make([]AdvanceItem, len(popped))
+		for k, e := range popped {
+			batch[k] = AdvanceItem{Record: e.rec, Payload: e.payload, Outcome: e.out, Causes: e.causes}
+		}
 		if err := g.producer.Advance(ctx, batch); err != nil {
 			return progressed, err
 		}
@@ -587,17 +594,16 @@ func (g *group) pass(ctx context.Context) (bool, error) {
 }
 
 // harvestLocked pops the maximal resolved prefix of ln and deletes ln when it
-// empties.
-func (g *group) harvestLocked(ln *lane) []AdvanceItem {
-	var batch []AdvanceItem
+// empties; the returned slice is a copy owned by the caller.
+func (g *group) harvestLocked(ln *lane) []*entry {
+	start := ln.head
 	for ln.head < len(ln.q) && ln.q[ln.head].pending == 0 {
-		e := ln.q[ln.head]
-		ln.q[ln.head] = nil
 		ln.head++
-		batch = append(batch, AdvanceItem{Record: e.rec, Payload: e.payload, Outcome: e.out, Causes: e.causes})
 	}
+	popped := slices.Clone(ln.q[start:ln.head])
+	clear(ln.q[start:ln.head])
 	if ln.deleted {
-		return batch
+		return popped
 	}
 	switch {
 	case ln.head == len(ln.q):
@@ -609,7 +615,7 @@ func (g *group) harvestLocked(ln *lane) []AdvanceItem {
 		clear(ln.q[n:])
 		ln.q, ln.head = ln.q[:n], 0
 	}
-	return batch
+	return popped
 }
 
 // scan is the ack-timeout scanner (ack-mode.md §1.8).
