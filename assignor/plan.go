@@ -514,62 +514,106 @@ func (p *planner) freeSlot(h, capacity int, visited, movable []bool, anyMove boo
 	return false
 }
 
+// balanceActives moves tasks until max-min load <= 1. For the least-loaded
+// member r (ties: the fewest kept previous actives, so that a newcomer
+// receives before an old member) it first looks, breadth-first, for a chain
+// r <- x1 <- ... <- d ending at a member d loaded at least two above r, where
+// every step moves a task to a member that holds state for it: only d loses a
+// task and no move costs a restore. Without such a chain one task moves
+// directly from a most-loaded member (preferring tasks the donor did not own
+// before, then the group where the donor has the largest surplus over r).
 func (p *planner) balanceActives(gcount [][]int) {
 	n := len(p.members)
-	tasksOf := make([][]int, n)
-	for t, m := range p.active {
-		tasksOf[m] = append(tasksOf[m], t)
+	holds := make([][]int, n) // member -> tasks it holds state for
+	for t, hs := range p.holders {
+		for _, h := range hs {
+			holds[h] = append(holds[h], t)
+		}
 	}
+	kept := make([]int, n) // member -> previous actives it still holds
+	for t, m := range p.active {
+		if p.prevOwn[t] == m {
+			kept[m]++
+		}
+	}
+	parent := make([]int, n) // member -> task it gives up along the chain (-1 root, -2 unvisited)
+	from := make([]int, n)   // member -> the member that takes that task
 	for {
-		// Receivers in ascending load; donors in descending load.
-		order := make([]int, n)
-		for i := range order {
-			order[i] = i
-		}
-		sort.SliceStable(order, func(i, j int) bool { return p.load[order[i]] < p.load[order[j]] })
-		moved := false
-		for _, r := range order {
-			bestD, bestT, bestScore := -1, -1, 0
-			for _, d := range order {
-				if p.load[d]-p.load[r] <= 1 {
-					continue
-				}
-				for _, t := range tasksOf[d] {
-					if !p.eligible(r, t) {
-						continue
-					}
-					gi := p.taskG[t]
-					// Lower is better: state on the receiver first, then the
-					// largest per-group surplus of donor over receiver, then a
-					// heavier donor.
-					score := (gcount[gi][r] - gcount[gi][d]) * 4 * (len(p.taskG) + 1)
-					if p.isHolder(r, t) {
-						score -= 1 << 40
-					}
-					score -= p.load[d]
-					if bestD < 0 || score < bestScore {
-						bestD, bestT, bestScore = d, t, score
-					}
-				}
+		r, hi := 0, 0
+		for m := range n {
+			if p.load[m] < p.load[r] || (p.load[m] == p.load[r] && kept[m] < kept[r]) {
+				r = m
 			}
-			if bestD < 0 {
-				continue
+			if p.load[m] > p.load[hi] {
+				hi = m
 			}
-			p.active[bestT] = r
-			p.load[bestD]--
-			p.load[r]++
-			gi := p.taskG[bestT]
-			gcount[gi][bestD]--
-			gcount[gi][r]++
-			tasksOf[bestD] = slices.DeleteFunc(tasksOf[bestD], func(x int) bool { return x == bestT })
-			tasksOf[r] = append(tasksOf[r], bestT)
-			moved = true
-			break
 		}
-		if !moved {
+		if p.load[hi]-p.load[r] <= 1 {
 			return
 		}
+		for i := range parent {
+			parent[i] = -2
+		}
+		parent[r] = -1
+		queue := []int{r}
+		end := -1
+		for len(queue) > 0 && end < 0 {
+			x := queue[0]
+			queue = queue[1:]
+			for _, t := range holds[x] {
+				y := p.active[t]
+				if y < 0 || parent[y] != -2 || !p.eligible(x, t) {
+					continue
+				}
+				parent[y], from[y] = t, x
+				if p.load[y]-p.load[r] >= 2 {
+					end = y
+					break
+				}
+				queue = append(queue, y)
+			}
+		}
+		if end >= 0 {
+			for y := end; parent[y] != -1; y = from[y] {
+				p.moveActive(parent[y], y, from[y], gcount, kept)
+			}
+			continue
+		}
+		bestD, bestT, bestScore := -1, -1, 0
+		for t, d := range p.active {
+			if p.load[d]-p.load[r] <= 1 || !p.eligible(r, t) {
+				continue
+			}
+			gi := p.taskG[t]
+			score := (gcount[gi][r] - gcount[gi][d]) * 4 * (len(p.taskG) + 1)
+			if p.prevOwn[t] == d {
+				score += 1 << 40
+			}
+			score -= p.load[d]
+			if bestD < 0 || score < bestScore {
+				bestD, bestT, bestScore = d, t, score
+			}
+		}
+		if bestD < 0 {
+			return // restricted subscriptions: no eligible move
+		}
+		p.moveActive(bestT, bestD, r, gcount, kept)
 	}
+}
+
+func (p *planner) moveActive(t, from, to int, gcount [][]int, kept []int) {
+	if p.prevOwn[t] == from {
+		kept[from]--
+	}
+	if p.prevOwn[t] == to {
+		kept[to]++
+	}
+	p.active[t] = to
+	p.load[from]--
+	p.load[to]++
+	gi := p.taskG[t]
+	gcount[gi][from]--
+	gcount[gi][to]++
 }
 
 func (p *planner) isStandby(m, t int) bool { return slices.Contains(p.standby[t], m) }
