@@ -434,11 +434,24 @@ func (p *planner) assignActives() {
 			orphans = append(orphans, t)
 		}
 	}
+	// Passes: first up to floor(T/N) per member, then up to ceil(T/N) for at
+	// most T mod N members (so the result is balanced without moving a
+	// promoted task again); each first without moving kept tasks.
+	floor, extra := nt/n, nt%n
 	placedHere := make([]bool, nt) // placed in this pass: free to move again
-	for _, anyMove := range []bool{false, true} {
+	for _, pass := range []struct{ ceil, anyMove bool }{{false, false}, {false, true}, {true, false}, {true, true}} {
 		for _, t := range orphans {
 			if p.active[t] >= 0 || len(p.holders[t]) == 0 {
 				continue
+			}
+			above := 0
+			for _, l := range p.load {
+				if l > floor {
+					above++
+				}
+			}
+			room := func(h int) bool {
+				return p.load[h] < floor || (pass.ceil && p.load[h] == floor && above < extra)
 			}
 			visited := make([]bool, n)
 			for _, h := range p.holders[t] {
@@ -446,7 +459,7 @@ func (p *planner) assignActives() {
 					continue
 				}
 				visited[h] = true
-				if p.freeSlot(h, capacity, visited, placedHere, anyMove) {
+				if p.freeSlot(h, room, visited, placedHere, pass.anyMove) {
 					p.active[t] = h
 					p.load[h]++
 					placedHere[t] = true
@@ -471,11 +484,19 @@ func (p *planner) assignActives() {
 			continue
 		}
 		gi := p.taskG[t]
+		stateful := len(p.groups[gi].changelogs) > 0
 		best := -1
+		var bestKey [3]int
 		for _, m := range p.groups[gi].eligible {
-			if best < 0 || p.load[m] < p.load[best] ||
-				(p.load[m] == p.load[best] && gcount[gi][m] < gcount[gi][best]) {
-				best = m
+			// Least loaded, then (for a stateful task) the fewest stateful
+			// actives, which keeps standbys balanceable, then the fewest of
+			// this group.
+			key := [3]int{p.load[m], 0, gcount[gi][m]}
+			if stateful {
+				key[1] = p.statefulLoad(m, gcount)
+			}
+			if best < 0 || slices.Compare(key[:], bestKey[:]) < 0 {
+				best, bestKey = m, key
 			}
 		}
 		p.active[t] = best
@@ -489,8 +510,8 @@ func (p *planner) assignActives() {
 // freeSlot reports whether member h can take one more task, possibly after
 // moving one of its tasks to that task's own state holder (recursively).
 // Without anyMove only tasks placed in this pass may move.
-func (p *planner) freeSlot(h, capacity int, visited, movable []bool, anyMove bool) bool {
-	if p.load[h] < capacity {
+func (p *planner) freeSlot(h int, room func(int) bool, visited, movable []bool, anyMove bool) bool {
+	if room(h) {
 		return true
 	}
 	for x, m := range p.active {
@@ -502,7 +523,7 @@ func (p *planner) freeSlot(h, capacity int, visited, movable []bool, anyMove boo
 				continue
 			}
 			visited[h2] = true
-			if p.freeSlot(h2, capacity, visited, movable, anyMove) {
+			if p.freeSlot(h2, room, visited, movable, anyMove) {
 				p.active[x] = h2
 				p.load[h2]++
 				p.load[h]--
@@ -579,19 +600,26 @@ func (p *planner) balanceActives(gcount [][]int) {
 			}
 			continue
 		}
-		bestD, bestT, bestScore := -1, -1, 0
+		// Lexicographic preference: most-loaded donor, a task the donor did
+		// not own before, the group where the donor's surplus over r is largest.
+		bestD, bestT := -1, -1
+		var bestKey [4]int
 		for t, d := range p.active {
 			if p.load[d]-p.load[r] <= 1 || !p.eligible(r, t) {
 				continue
 			}
 			gi := p.taskG[t]
-			score := (gcount[gi][r] - gcount[gi][d]) * 4 * (len(p.taskG) + 1)
+			owned := 0
 			if p.prevOwn[t] == d {
-				score += 1 << 40
+				owned = 1
 			}
-			score -= p.load[d]
-			if bestD < 0 || score < bestScore {
-				bestD, bestT, bestScore = d, t, score
+			st := 0
+			if len(p.groups[gi].changelogs) > 0 {
+				st = p.statefulLoad(r, gcount) - p.statefulLoad(d, gcount)
+			}
+			key := [4]int{-p.load[d], owned, st, gcount[gi][r] - gcount[gi][d]}
+			if bestD < 0 || slices.Compare(key[:], bestKey[:]) < 0 {
+				bestD, bestT, bestKey = d, t, key
 			}
 		}
 		if bestD < 0 {
@@ -599,6 +627,17 @@ func (p *planner) balanceActives(gcount [][]int) {
 		}
 		p.moveActive(bestT, bestD, r, gcount, kept)
 	}
+}
+
+// statefulLoad is the number of stateful (changelog-backed) actives of m.
+func (p *planner) statefulLoad(m int, gcount [][]int) int {
+	n := 0
+	for gi := range p.groups {
+		if len(p.groups[gi].changelogs) > 0 {
+			n += gcount[gi][m]
+		}
+	}
+	return n
 }
 
 func (p *planner) moveActive(t, from, to int, gcount [][]int, kept []int) {
@@ -630,7 +669,6 @@ func (p *planner) assignStandbys() {
 	if total == 0 {
 		return
 	}
-	scap := (total + n - 1) / n
 	// Keep: the displaced previous active first (it has the freshest state),
 	// then previous standby holders in ID order.
 	for t := range p.taskG {
@@ -647,7 +685,7 @@ func (p *planner) assignStandbys() {
 			if len(p.standby[t]) == r {
 				break
 			}
-			if m == p.active[t] || p.isStandby(m, t) || p.sload[m] >= scap {
+			if m == p.active[t] || p.isStandby(m, t) {
 				continue
 			}
 			p.standby[t] = append(p.standby[t], m)
