@@ -369,3 +369,91 @@ func (w *world) checkRemoved(t *rapid.T, prev []map[int32]string, prevPlan, p as
 		}
 	}
 }
+
+// TestLagRule (KIP-441): with highwaters known, every stateful active sits on
+// a caught-up member (its previous owner, or lag <= AcceptableRecoveryLag)
+// whenever one exists; warm-ups never exceed MaxWarmupReplicas, never sit on
+// a member holding the partition, and imply NeedsProbe; every partition still
+// has one active and min(R, N-1) standbys.
+func TestLagRule(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		w := genWorld(t)
+		p := plan(t, w.cluster())
+		w.apply(p)
+		w.add(rapid.IntRange(0, 4).Draw(t, "joiners"))
+		const acceptable = 100
+		end := map[string]map[int32]int64{}
+		for cl, n := range w.changelogs {
+			end[cl] = map[int32]int64{}
+			for q := range n {
+				end[cl][q] = rapid.Int64Range(0, 1000).Draw(t, "end")
+			}
+		}
+		for i := range w.members {
+			w.members[i].Offsets = map[string]map[int32]int64{}
+			for cl, n := range w.changelogs {
+				w.members[i].Offsets[cl] = map[int32]int64{}
+				for q := range n {
+					if rapid.Bool().Draw(t, "has") {
+						w.members[i].Offsets[cl][q] = rapid.Int64Range(-1, end[cl][q]-1).Draw(t, "applied")
+					}
+				}
+			}
+		}
+		maxWarm := rapid.IntRange(1, 4).Draw(t, "maxWarmups")
+		c := w.cluster()
+		c.EndOffsets, c.AcceptableRecoveryLag, c.MaxWarmupReplicas = end, acceptable, maxWarm
+		p = plan(t, c)
+		caughtUp := func(m assignor.Member, cl string, q int32) bool {
+			if slices.Contains(m.PrevActives[cl], q) {
+				return true
+			}
+			applied, ok := m.Offsets[cl][q]
+			if !ok {
+				applied = -1
+			}
+			return end[cl][q]-(applied+1) <= acceptable
+		}
+		warmups := 0
+		n := len(w.members)
+		for g, cl := range w.changelog {
+			if cl == "" {
+				continue
+			}
+			for q := range w.changelogs[cl] {
+				var owner assignor.Member
+				actives, standbys := 0, 0
+				anyCaughtUp := false
+				for _, m := range w.members {
+					mp := p.Members[m.ID]
+					if slices.Contains(mp.Actives[cl], q) {
+						owner = m
+						actives++
+					}
+					if slices.Contains(mp.Standbys[cl], q) {
+						standbys++
+					}
+					if slices.Contains(mp.Warmups[cl], q) {
+						warmups++
+						if slices.Contains(mp.Actives[cl], q) || slices.Contains(mp.Standbys[cl], q) {
+							t.Fatalf("%s holds a warm-up of %s[%d] it already holds", m.ID, cl, q)
+						}
+					}
+					anyCaughtUp = anyCaughtUp || caughtUp(m, cl, q)
+				}
+				if actives != 1 || standbys != min(w.replicas, n-1) {
+					t.Fatalf("%s[%d]: %d actives, %d standbys", cl, q, actives, standbys)
+				}
+				if anyCaughtUp && !caughtUp(owner, cl, q) {
+					t.Fatalf("group %d %s[%d] active on %s, not caught up, while a caught-up member exists", g, cl, q, owner.ID)
+				}
+			}
+		}
+		if warmups > maxWarm {
+			t.Fatalf("%d warm-ups, max %d", warmups, maxWarm)
+		}
+		if warmups > 0 && !p.NeedsProbe {
+			t.Fatal("warm-ups without NeedsProbe")
+		}
+	})
+}
