@@ -434,11 +434,24 @@ func (p *planner) assignActives() {
 			orphans = append(orphans, t)
 		}
 	}
+	// Passes: first up to floor(T/N) per member, then up to ceil(T/N) for at
+	// most T mod N members (so the result is balanced without moving a
+	// promoted task again); each first without moving kept tasks.
+	floor, extra := nt/n, nt%n
 	placedHere := make([]bool, nt) // placed in this pass: free to move again
-	for _, anyMove := range []bool{false, true} {
+	for _, pass := range []struct{ ceil, anyMove bool }{{false, false}, {false, true}, {true, false}, {true, true}} {
 		for _, t := range orphans {
 			if p.active[t] >= 0 || len(p.holders[t]) == 0 {
 				continue
+			}
+			above := 0
+			for _, l := range p.load {
+				if l > floor {
+					above++
+				}
+			}
+			room := func(h int) bool {
+				return p.load[h] < floor || (pass.ceil && p.load[h] == floor && above < extra)
 			}
 			visited := make([]bool, n)
 			for _, h := range p.holders[t] {
@@ -446,7 +459,7 @@ func (p *planner) assignActives() {
 					continue
 				}
 				visited[h] = true
-				if p.freeSlot(h, capacity, visited, placedHere, anyMove) {
+				if p.freeSlot(h, room, visited, placedHere, pass.anyMove) {
 					p.active[t] = h
 					p.load[h]++
 					placedHere[t] = true
@@ -471,11 +484,19 @@ func (p *planner) assignActives() {
 			continue
 		}
 		gi := p.taskG[t]
+		stateful := len(p.groups[gi].changelogs) > 0
 		best := -1
+		var bestKey [3]int
 		for _, m := range p.groups[gi].eligible {
-			if best < 0 || p.load[m] < p.load[best] ||
-				(p.load[m] == p.load[best] && gcount[gi][m] < gcount[gi][best]) {
-				best = m
+			// Least loaded, then (for a stateful task) the fewest stateful
+			// actives, which keeps standbys balanceable, then the fewest of
+			// this group.
+			key := [3]int{p.load[m], 0, gcount[gi][m]}
+			if stateful {
+				key[1] = p.statefulLoad(m, gcount)
+			}
+			if best < 0 || slices.Compare(key[:], bestKey[:]) < 0 {
+				best, bestKey = m, key
 			}
 		}
 		p.active[t] = best
@@ -489,8 +510,8 @@ func (p *planner) assignActives() {
 // freeSlot reports whether member h can take one more task, possibly after
 // moving one of its tasks to that task's own state holder (recursively).
 // Without anyMove only tasks placed in this pass may move.
-func (p *planner) freeSlot(h, capacity int, visited, movable []bool, anyMove bool) bool {
-	if p.load[h] < capacity {
+func (p *planner) freeSlot(h int, room func(int) bool, visited, movable []bool, anyMove bool) bool {
+	if room(h) {
 		return true
 	}
 	for x, m := range p.active {
@@ -502,7 +523,7 @@ func (p *planner) freeSlot(h, capacity int, visited, movable []bool, anyMove boo
 				continue
 			}
 			visited[h2] = true
-			if p.freeSlot(h2, capacity, visited, movable, anyMove) {
+			if p.freeSlot(h2, room, visited, movable, anyMove) {
 				p.active[x] = h2
 				p.load[h2]++
 				p.load[h]--
@@ -514,62 +535,124 @@ func (p *planner) freeSlot(h, capacity int, visited, movable []bool, anyMove boo
 	return false
 }
 
+// balanceActives moves tasks until max-min load <= 1. For the least-loaded
+// member r (ties: the fewest kept previous actives, so that a newcomer
+// receives before an old member) it first looks, breadth-first, for a chain
+// r <- x1 <- ... <- d ending at a member d loaded at least two above r, where
+// every step moves a task to a member that holds state for it: only d loses a
+// task and no move costs a restore. Without such a chain one task moves
+// directly from a most-loaded member (preferring tasks the donor did not own
+// before, then the group where the donor has the largest surplus over r).
 func (p *planner) balanceActives(gcount [][]int) {
 	n := len(p.members)
-	tasksOf := make([][]int, n)
-	for t, m := range p.active {
-		tasksOf[m] = append(tasksOf[m], t)
+	holds := make([][]int, n) // member -> tasks it holds state for
+	for t, hs := range p.holders {
+		for _, h := range hs {
+			holds[h] = append(holds[h], t)
+		}
 	}
+	kept := make([]int, n) // member -> previous actives it still holds
+	for t, m := range p.active {
+		if p.prevOwn[t] == m {
+			kept[m]++
+		}
+	}
+	parent := make([]int, n) // member -> task it gives up along the chain (-1 root, -2 unvisited)
+	from := make([]int, n)   // member -> the member that takes that task
 	for {
-		// Receivers in ascending load; donors in descending load.
-		order := make([]int, n)
-		for i := range order {
-			order[i] = i
-		}
-		sort.SliceStable(order, func(i, j int) bool { return p.load[order[i]] < p.load[order[j]] })
-		moved := false
-		for _, r := range order {
-			bestD, bestT, bestScore := -1, -1, 0
-			for _, d := range order {
-				if p.load[d]-p.load[r] <= 1 {
-					continue
-				}
-				for _, t := range tasksOf[d] {
-					if !p.eligible(r, t) {
-						continue
-					}
-					gi := p.taskG[t]
-					// Lower is better: state on the receiver first, then the
-					// largest per-group surplus of donor over receiver, then a
-					// heavier donor.
-					score := (gcount[gi][r] - gcount[gi][d]) * 4 * (len(p.taskG) + 1)
-					if p.isHolder(r, t) {
-						score -= 1 << 40
-					}
-					score -= p.load[d]
-					if bestD < 0 || score < bestScore {
-						bestD, bestT, bestScore = d, t, score
-					}
-				}
+		r, hi := 0, 0
+		for m := range n {
+			if p.load[m] < p.load[r] || (p.load[m] == p.load[r] && kept[m] < kept[r]) {
+				r = m
 			}
-			if bestD < 0 {
-				continue
+			if p.load[m] > p.load[hi] {
+				hi = m
 			}
-			p.active[bestT] = r
-			p.load[bestD]--
-			p.load[r]++
-			gi := p.taskG[bestT]
-			gcount[gi][bestD]--
-			gcount[gi][r]++
-			tasksOf[bestD] = slices.DeleteFunc(tasksOf[bestD], func(x int) bool { return x == bestT })
-			tasksOf[r] = append(tasksOf[r], bestT)
-			moved = true
-			break
 		}
-		if !moved {
+		if p.load[hi]-p.load[r] <= 1 {
 			return
 		}
+		for i := range parent {
+			parent[i] = -2
+		}
+		parent[r] = -1
+		queue := []int{r}
+		end := -1
+		for len(queue) > 0 && end < 0 {
+			x := queue[0]
+			queue = queue[1:]
+			for _, t := range holds[x] {
+				y := p.active[t]
+				if y < 0 || parent[y] != -2 || !p.eligible(x, t) {
+					continue
+				}
+				parent[y], from[y] = t, x
+				if p.load[y]-p.load[r] >= 2 {
+					end = y
+					break
+				}
+				queue = append(queue, y)
+			}
+		}
+		if end >= 0 {
+			for y := end; parent[y] != -1; y = from[y] {
+				p.moveActive(parent[y], y, from[y], gcount, kept)
+			}
+			continue
+		}
+		// Lexicographic preference: most-loaded donor, a task the donor did
+		// not own before, the group where the donor's surplus over r is largest.
+		bestD, bestT := -1, -1
+		var bestKey [4]int
+		for t, d := range p.active {
+			if p.load[d]-p.load[r] <= 1 || !p.eligible(r, t) {
+				continue
+			}
+			gi := p.taskG[t]
+			owned := 0
+			if p.prevOwn[t] == d {
+				owned = 1
+			}
+			st := 0
+			if len(p.groups[gi].changelogs) > 0 {
+				st = p.statefulLoad(r, gcount) - p.statefulLoad(d, gcount)
+			}
+			key := [4]int{-p.load[d], owned, st, gcount[gi][r] - gcount[gi][d]}
+			if bestD < 0 || slices.Compare(key[:], bestKey[:]) < 0 {
+				bestD, bestT, bestKey = d, t, key
+			}
+		}
+		if bestD < 0 {
+			return // restricted subscriptions: no eligible move
+		}
+		p.moveActive(bestT, bestD, r, gcount, kept)
 	}
+}
+
+// statefulLoad is the number of stateful (changelog-backed) actives of m.
+func (p *planner) statefulLoad(m int, gcount [][]int) int {
+	n := 0
+	for gi := range p.groups {
+		if len(p.groups[gi].changelogs) > 0 {
+			n += gcount[gi][m]
+		}
+	}
+	return n
+}
+
+func (p *planner) moveActive(t, from, to int, gcount [][]int, kept []int) {
+	if p.prevOwn[t] == from {
+		kept[from]--
+	}
+	if p.prevOwn[t] == to {
+		kept[to]++
+	}
+	p.active[t] = to
+	p.load[from]--
+	p.load[to]++
+	gi := p.taskG[t]
+	gcount[gi][from]--
+	gcount[gi][to]++
 }
 
 func (p *planner) isStandby(m, t int) bool { return slices.Contains(p.standby[t], m) }
@@ -586,7 +669,6 @@ func (p *planner) assignStandbys() {
 	if total == 0 {
 		return
 	}
-	scap := (total + n - 1) / n
 	// Keep: the displaced previous active first (it has the freshest state),
 	// then previous standby holders in ID order.
 	for t := range p.taskG {
@@ -603,7 +685,7 @@ func (p *planner) assignStandbys() {
 			if len(p.standby[t]) == r {
 				break
 			}
-			if m == p.active[t] || p.isStandby(m, t) || p.sload[m] >= scap {
+			if m == p.active[t] || p.isStandby(m, t) {
 				continue
 			}
 			p.standby[t] = append(p.standby[t], m)
