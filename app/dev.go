@@ -44,6 +44,19 @@ type DevOptions struct {
 	Out io.Writer
 	// Progress, if set, is told the bytes of Input loaded so far and its size.
 	Progress func(loaded, total int64)
+	// Inspect, if set, is called with the running workers once the group's lag
+	// is 0, before they stop (tests look at assignments and stores here).
+	Inspect func(ws []*Worker)
+}
+
+// Result is what Process returns.
+type Result struct {
+	// Tables maps a table name to its content: key -> decoded value.
+	Tables map[string]map[string]any
+	// Restored[i] is the changelog offset span worker i replayed in active
+	// restores (end offset minus start offset, summed over partitions);
+	// compaction may have removed some records inside it.
+	Restored []int64
 }
 
 // WithDevInput sets the topic and key field that `dev --input` loads a file into.
@@ -83,10 +96,11 @@ func (a *App) Dev(ctx context.Context, o DevOptions) error {
 			kafka.TestTimeouts.Session, kafka.TestTimeouts.Heartbeat, kafka.TestTimeouts.Rebalance, kafka.TestTimeouts.MaxWait
 	}
 	a.cfg.CommitInterval = min(a.cfg.CommitInterval, 300*time.Millisecond)
-	tables, err := a.Process(ctx, broker.Addrs(), o)
+	res, err := a.Process(ctx, broker.Addrs(), o)
 	if err != nil {
 		return err
 	}
+	tables := res.Tables
 	if o.Dump != "" {
 		return writeTable(o.Out, o.Dump, tables[o.Dump], o.JSONOut, 0)
 	}
@@ -103,7 +117,7 @@ func (a *App) Dev(ctx context.Context, o DevOptions) error {
 // o.DataDir/worker-N) until the group's lag is 0 on every source partition,
 // stops them cleanly, and returns every table read back from its changelog
 // (table name -> key -> decoded value).
-func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (map[string]map[string]any, error) {
+func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (*Result, error) {
 	if o.Workers <= 0 {
 		o.Workers = 1
 	}
@@ -141,6 +155,7 @@ func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (map[
 	defer stop()
 	var wg sync.WaitGroup
 	werrs := make([]error, o.Workers)
+	workers := make([]*Worker, 0, o.Workers)
 	for i := range o.Workers {
 		w, err := a.NewWorker(WorkerOptions{Brokers: brokers, DataDir: filepath.Join(o.DataDir, fmt.Sprintf("worker-%d", i)), Name: fmt.Sprintf("worker-%d", i)})
 		if err != nil {
@@ -148,6 +163,7 @@ func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (map[
 			wg.Wait()
 			return nil, err
 		}
+		workers = append(workers, w)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -157,7 +173,13 @@ func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (map[
 		}()
 	}
 	start := time.Now()
-	lagErr := WaitForLag0(wctx, client, a.id, g.Subscriptions(), o.Timeout)
+	lagErr := waitReady(wctx, workers, o.Timeout)
+	if lagErr == nil {
+		lagErr = WaitForLag0(wctx, client, a.id, g.Subscriptions(), o.Timeout)
+	}
+	if lagErr == nil && o.Inspect != nil {
+		o.Inspect(workers)
+	}
 	stop()
 	wg.Wait()
 	if err := errors.Join(werrs...); err != nil {
@@ -167,7 +189,10 @@ func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (map[
 		return nil, lagErr
 	}
 	a.cfg.Logger.Info("all input processed", "workers", o.Workers, "elapsed", time.Since(start).Round(time.Millisecond))
-	out := map[string]map[string]any{}
+	out := &Result{Tables: map[string]map[string]any{}}
+	for _, w := range workers {
+		out.Restored = append(out.Restored, w.RestoredSpan())
+	}
 	for _, d := range a.tables {
 		if o.Dump != "" && d.Name() != o.Dump {
 			continue
@@ -176,9 +201,34 @@ func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (map[
 		if err != nil {
 			return nil, err
 		}
-		out[d.Name()] = m
+		out.Tables[d.Name()] = m
 	}
 	return out, nil
+}
+
+// waitReady waits until every worker joined the group and restored its active
+// partitions.
+func waitReady(ctx context.Context, ws []*Worker, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ready := 0
+		for _, w := range ws {
+			if w.Ready() {
+				ready++
+			}
+		}
+		if ready == len(ws) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d workers not ready after %s", len(ws)-ready, len(ws), timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func (a *App) tableDef(name string) table.Def {

@@ -61,7 +61,8 @@ type Worker struct {
 	assignment assignor.Assignment // latest, guarded by mu
 	ready      bool                // every active partition restored; guarded by mu
 
-	restored atomic.Int64 // changelog records replayed by active restores
+	restored     atomic.Int64 // changelog records replayed by active restores
+	restoredSpan atomic.Int64 // changelog offsets covered by active restores
 }
 
 type tableRuntime struct {
@@ -119,6 +120,22 @@ func processID(dir string) (string, error) {
 // Restored returns how many changelog records this worker's active restores
 // replayed so far.
 func (w *Worker) Restored() int64 { return w.restored.Load() }
+
+// RestoredSpan returns the changelog offset span this worker's active restores
+// covered (end minus start offset, summed): records compacted away inside the
+// span count, so it is exact where Restored depends on compaction.
+func (w *Worker) RestoredSpan() int64 { return w.restoredSpan.Load() }
+
+// StoreOffset returns the changelog offset applied to partition p of table's
+// local store (stores.NoOffset when none), for tests and the status page.
+func (w *Worker) StoreOffset(tableName string, p int32) (int64, error) {
+	for _, t := range w.tables {
+		if t.def.Name() == tableName {
+			return t.store.Offset(p)
+		}
+	}
+	return 0, fmt.Errorf("no table %q", tableName)
+}
 
 // Assignment returns the worker's latest assignment.
 func (w *Worker) Assignment() assignor.Assignment {
