@@ -137,6 +137,16 @@ func (w *Worker) StoreOffset(tableName string, p int32) (int64, error) {
 	return 0, fmt.Errorf("no table %q", tableName)
 }
 
+// ChangelogTopic returns the changelog topic of the named table ("" if none).
+func (w *Worker) ChangelogTopic(tableName string) string {
+	for _, t := range w.graph.Tables {
+		if t.Name == tableName {
+			return t.Changelog
+		}
+	}
+	return ""
+}
+
 // Assignment returns the worker's latest assignment.
 func (w *Worker) Assignment() assignor.Assignment {
 	w.mu.Lock()

@@ -6,4 +6,4 @@ package main
 
 import "github.com/runnel-dev/runnel/examples/changeaudit/pipeline"
 
-func main() { pipeline.Build().App.Main() }
+func main() { pipeline.Build("change-audit").App.Main() }

@@ -42,10 +42,11 @@ type Pipeline struct {
 	EventsPerDir    *table.Table[string, int64]
 }
 
-// Build declares the change-audit app.
-func Build(opts ...app.Option) *Pipeline {
+// Build declares the change-audit app with the given app ID ("change-audit"
+// in production; tests use unique IDs so that runs never share a group).
+func Build(id string, opts ...app.Option) *Pipeline {
 	opts = append([]app.Option{app.WithDevInput("change-events", "actor")}, opts...)
-	a := app.New("change-audit", opts...)
+	a := app.New(id, opts...)
 	p := &Pipeline{App: a}
 	p.Events = app.Topic(a, "change-events", codec.String(), codec.JSON[Change](), app.Partitions(8))
 	p.ByDir = app.Topic(a, "changes-by-dir", codec.String(), codec.JSON[DirChange](), app.Partitions(8))
