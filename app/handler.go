@@ -130,7 +130,7 @@ func (h *handler) restore(ctx context.Context, topic string, p int32) error {
 				return
 			}
 			w.restored.Add(res.Records)
-			w.restoredSpan.Add(res.To - res.From)
+			w.restoredSpan.Add(res.To - res.Start)
 			w.metrics.restored.WithLabelValues(t.def.Name()).Add(float64(res.Records))
 			w.log.Info("restored", "table", t.def.Name(), "partition", p, "records", res.Records,
 				"from", res.From, "to", res.To, "rebuilt", res.Rebuilt, "elapsed", res.Elapsed)

@@ -39,6 +39,10 @@ type Result struct {
 	// From is the first offset read, To the end offset captured at start
 	// (the highwater); From == To means nothing needed replaying.
 	From, To int64
+	// Start is the offset after the store's checkpoint (0 when it had none or
+	// was rebuilt): To - Start is the span of offsets the restore advanced the
+	// store over, whatever compaction removed inside it.
+	Start int64
 	// Rebuilt is set when the local checkpoint was unusable (ahead of the
 	// broker's end, or below its log start) and the partition was wiped.
 	Rebuilt bool
@@ -99,8 +103,10 @@ func (r *Restorer) run(ctx context.Context, topic string, p int32, st stores.Sto
 			return res, fmt.Errorf("highwater: %w", err)
 		}
 		from := oldest
+		res.Start = 0
 		if checkpoint != stores.NoOffset {
 			from = checkpoint + 1
+			res.Start = from
 		}
 		if from > end || from < oldest {
 			if attempt > 0 {
@@ -116,6 +122,7 @@ func (r *Restorer) run(ctx context.Context, topic string, p int32, st stores.Sto
 		}
 		res.From, res.To = from, end
 		if from >= end && !follow {
+			res.Start = min(res.Start, end)
 			return res, nil
 		}
 		n, err := r.consume(ctx, topic, p, st, from, end, follow)
