@@ -55,7 +55,7 @@ type entry struct {
 	causes  []error
 	// causeIDs[i] is the subscriber id of causes[i].
 	causeIDs []string
-	inline  [1]binding // backing store of binds for a single-member snapshot
+	inline   [1]binding // backing store of binds for a single-member snapshot
 }
 
 // lane is the FIFO of one ordering lane: entries in fan-out order. q[head:]
