@@ -22,9 +22,15 @@ type Runner interface {
 	Name() string
 	// Topic is the source topic.
 	Topic() string
-	// Run runs the agent body over sub, the subscription of partition p. It
-	// returns nil when the stream ended because the source stopped, the agent's
-	// error otherwise (a panic is recovered and returned as an error).
+	// Settings are the agent's options (error policy, dead-letter topic).
+	Settings() Settings
+	// Run runs the agent body once over sub, the subscription of partition
+	// p. It returns nil when the stream ended because the source stopped,
+	// otherwise an *Error (a panic is recovered into one). Before returning
+	// an error it resolves the record the agent was on according to the
+	// error policy: rejected under DeadLetter, failed otherwise, never acked.
+	// Run may be called again with the same subscription to restart the
+	// agent; it continues with the next queued record.
 	Run(ctx context.Context, p int32, sub *source.Subscription, env *table.Env) error
 }
 
@@ -33,14 +39,22 @@ type Agent[K any, V any] struct {
 	name  string
 	topic *Topic[K, V]
 	fn    Func[K, V]
+	set   Settings
 }
 
-// New declares an agent named name that runs fn over topic.
-func New[K any, V any](h Host, name string, topic *Topic[K, V], fn Func[K, V]) *Agent[K, V] {
+// New declares an agent named name that runs fn over topic, with options
+// (OnError, WithDeadLetterTopic).
+func New[K any, V any](h Host, name string, topic *Topic[K, V], fn Func[K, V], opts ...Option) *Agent[K, V] {
 	a := &Agent[K, V]{name: name, topic: topic, fn: fn}
+	for _, o := range opts {
+		o(&a.set)
+	}
 	h.RegisterAgent(a)
 	return a
 }
+
+// Settings returns the agent's options.
+func (a *Agent[K, V]) Settings() Settings { return a.set }
 
 // Name returns the agent's name.
 func (a *Agent[K, V]) Name() string { return a.name }
@@ -49,17 +63,44 @@ func (a *Agent[K, V]) Name() string { return a.name }
 func (a *Agent[K, V]) Topic() string { return a.topic.Name() }
 
 // Run implements Runner.
-func (a *Agent[K, V]) Run(ctx context.Context, p int32, sub *source.Subscription, env *table.Env) (err error) {
+func (a *Agent[K, V]) Run(ctx context.Context, p int32, sub *source.Subscription, env *table.Env) error {
 	s := &Stream[K, V]{ctx: ctx, sub: sub, partition: p, kc: a.topic.kc, vc: a.topic.vc, env: env}
+	panicked, err := a.call(ctx, s)
+	if s.err != nil {
+		// The subscription itself failed; whatever the body returned, the
+		// stream is over.
+		return &Error{Agent: a.name, Partition: p, Offset: -1, Stream: true, Err: s.err}
+	}
+	if err == nil {
+		return nil
+	}
+	e := &Error{Agent: a.name, Partition: p, Offset: -1, Panic: panicked, Err: err}
+	if d := s.cur; d != nil {
+		// The agent failed inside this record's window: never ack it. The
+		// error is built before it is handed over (the producer reads it).
+		on := *e
+		on.Offset = d.Record.Offset
+		var took bool
+		if a.set.OnError == DeadLetter {
+			took = d.Reject(&on)
+		} else {
+			took = d.Fail(&on)
+		}
+		if took {
+			return &on
+		}
+	}
+	return e
+}
+
+// call runs the body once, recovering a panic into an error.
+func (a *Agent[K, V]) call(ctx context.Context, s *Stream[K, V]) (panicked bool, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("agent %s[%d] panicked: %v\n%s", a.name, p, r, debug.Stack())
+			panicked, err = true, fmt.Errorf("panic: %v\n%s", r, debug.Stack())
 		}
 	}()
-	if err := a.fn(ctx, s); err != nil {
-		return fmt.Errorf("agent %s[%d]: %w", a.name, p, err)
-	}
-	return s.Err()
+	return false, a.fn(ctx, s)
 }
 
 // Stream is the sequence of records of one partition of an agent's topic.
@@ -71,6 +112,9 @@ type Stream[K any, V any] struct {
 	vc        codec.Codec[V]
 	env       *table.Env
 	err       error
+	// cur is the delivery last handed to the body: its window is open until
+	// the iteration pulls the next record.
+	cur *source.Delivery
 }
 
 // Partition is the source partition this stream reads.
@@ -87,6 +131,7 @@ func (s *Stream[K, V]) Partition() int32 { return s.partition }
 func (s *Stream[K, V]) Events() iter.Seq[*Event[K, V]] {
 	return func(yield func(*Event[K, V]) bool) {
 		for {
+			s.cur = nil
 			d, err := s.sub.Next(s.ctx)
 			if err != nil {
 				if !errors.Is(err, source.ErrGroupStopped) && s.ctx.Err() == nil {
@@ -105,6 +150,7 @@ func (s *Stream[K, V]) Events() iter.Seq[*Event[K, V]] {
 				d.Reject(fmt.Errorf("decode value of %s[%d]@%d: %w", d.Record.Topic, d.Record.Partition, d.Record.Offset, err))
 				continue
 			}
+			s.cur = d
 			if !yield(ev) {
 				return
 			}

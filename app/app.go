@@ -54,6 +54,7 @@ type Config struct {
 	// /api/assignment; empty disables it. Env RUNNEL_HTTP_ADDR.
 	HTTPAddr string
 
+	redelivery            Redelivery // WithRedelivery (redeliver.go)
 	devTopic, devKeyField string
 	topicPrefix           string
 }

@@ -63,6 +63,7 @@ type Worker struct {
 
 	restored     atomic.Int64 // changelog records replayed by active restores
 	restoredSpan atomic.Int64 // changelog offsets covered by active restores
+	fatal        fatalState   // agent.StopWorker errors end Run (redeliver.go)
 }
 
 type tableRuntime struct {
@@ -173,11 +174,8 @@ func (w *Worker) topicSpecs() []kafka.TopicSpec {
 	for _, t := range w.graph.Tables {
 		specs = append(specs, changelog.Spec(t.Changelog, t.Partitions))
 	}
-	specs = append(specs, kafka.TopicSpec{Name: dlqTopic(w.app.id), Partitions: 1})
-	return specs
+	return append(specs, w.dlqSpecs()...)
 }
-
-func dlqTopic(app string) string { return app + "-dlq" }
 
 // ConnectTimeout bounds how long a worker or command waits for the brokers to
 // answer before it gives up with an error (a wrong address never hangs).
@@ -219,6 +217,8 @@ func connect(ctx context.Context, brokers []string, clientID string, t kafka.Tim
 // group cleanly: it stops fetching, lets in-flight records finish within the
 // drain budget, commits what resolved and closes the stores.
 func (w *Worker) Run(ctx context.Context) (err error) {
+	ctx, stop := w.fatal.context(ctx)
+	defer stop()
 	brokers, err := resolveBrokers(w.cfg.Brokers)
 	if err != nil {
 		return err
@@ -355,7 +355,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		}
 	}
 	w.log.Info("worker leaving group", "group", w.app.id)
-	return nil
+	return w.fatal.get()
 }
 
 func bytesOrNil(b []byte) sarama.Encoder {

@@ -53,7 +53,9 @@ type entry struct {
 	pending int
 	out     Outcome
 	causes  []error
-	inline  [1]binding // backing store of binds for a single-member snapshot
+	// causeIDs[i] is the subscriber id of causes[i].
+	causeIDs []string
+	inline   [1]binding // backing store of binds for a single-member snapshot
 }
 
 // lane is the FIFO of one ordering lane: entries in fan-out order. q[head:]
@@ -508,6 +510,7 @@ func (g *group) resolveLocked(e *entry, i int, k outcomeKind, cause error) {
 	}
 	if cause != nil {
 		e.causes = append(e.causes, cause)
+		e.causeIDs = append(e.causeIDs, b.sub.id)
 	}
 	e.pending--
 	if e.pending == 0 && !e.lane.deleted && e.lane.q[e.lane.head] == e {
@@ -582,7 +585,7 @@ func (g *group) pass(ctx context.Context) (bool, error) {
 		// holding g.mu: a long harvest must not stall the poll loop.
 		batch := make([]AdvanceItem, len(popped))
 		for k, e := range popped {
-			batch[k] = AdvanceItem{Record: e.rec, Payload: e.payload, Outcome: e.out, Causes: e.causes}
+			batch[k] = AdvanceItem{Record: e.rec, Payload: e.payload, Outcome: e.out, Causes: e.causes, CauseIDs: e.causeIDs}
 		}
 		if err := g.producer.Advance(ctx, batch); err != nil {
 			return progressed, err

@@ -208,6 +208,31 @@ func (d *Delivery) Reject(reason error) bool {
 	return true
 }
 
+// Fail resolves d's record FAILED for this subscriber now, with cause (the
+// agent returned an error or panicked on the record): the record is not
+// committed and the producer redelivers it. Tokens already bound in the
+// window are dropped and later Binds return false; the subscriber stays
+// subscribed and keeps receiving later records (unlike Unsubscribe(cause),
+// which also removes it from later snapshots). It returns true when it took
+// effect; outside d's open window (stale delivery, fast path, after a reject
+// or an earlier failure) it does nothing.
+func (d *Delivery) Fail(cause error) bool {
+	if d.e == nil {
+		return false
+	}
+	g := d.s.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.state != running || d.s.win != d.e || d.s.winIdx != d.i || d.e.binds[d.i].state != bOpen {
+		return false
+	}
+	if cause == nil {
+		cause = errors.New("failed")
+	}
+	g.resolveLocked(d.e, d.i, outFailed, cause)
+	return true
+}
+
 // Token is the persist token of one derived record bound to a window. The
 // zero Token is a no-op. Its methods are safe from any goroutine; duplicate
 // and stale calls (after the binding resolved, or after the group stopped)

@@ -41,6 +41,10 @@ type AdvanceItem struct {
 	// Causes holds the reject reasons and failure causes of this record's
 	// subscribers (for dead-letter headers and logs), in resolution order.
 	Causes []error
+	// CauseIDs[i] is the id of the subscriber that gave Causes[i] (the
+	// agent that rejected or failed the record), so a producer can route a
+	// dead letter per subscriber. Same length as Causes.
+	CauseIDs []string
 }
 
 // Producer is the upstream of one shared source (a Kafka partition's poll

@@ -1,0 +1,90 @@
+package agent
+
+import "fmt"
+
+// ErrorPolicy is what a worker does when an agent returns an error or panics
+// on a partition. In every policy the record the agent was on (its open
+// window) is never acked: Restart and StopWorker fail it (the source
+// redelivers it), DeadLetter rejects it (it goes to the agent's dead-letter
+// topic and its offset is committed).
+type ErrorPolicy int
+
+const (
+	// Restart (the default) fails the record and runs the agent again on the
+	// same subscription after a backoff (exponential, from the app's
+	// redelivery backoff, doubling up to its maximum): the agent continues
+	// with its next queued record and sees the failed one again when the
+	// source redelivers it. A record that keeps failing is dead-lettered by
+	// the source after its retry budget (app.WithRedelivery).
+	Restart ErrorPolicy = iota
+	// StopWorker fails the record, stops the partition and makes Worker.Run
+	// return the agent's error (the process exits; a supervisor restarts it
+	// from the last committed offset).
+	StopWorker
+	// DeadLetter rejects the record with the agent's error as reason (it is
+	// written to the agent's dead-letter topic) and runs the agent again at
+	// once on its next record.
+	DeadLetter
+)
+
+func (p ErrorPolicy) String() string {
+	switch p {
+	case Restart:
+		return "restart"
+	case StopWorker:
+		return "stop-worker"
+	case DeadLetter:
+		return "dead-letter"
+	}
+	return fmt.Sprintf("ErrorPolicy(%d)", int(p))
+}
+
+// Settings are an agent's per-agent options, as the worker reads them.
+type Settings struct {
+	// OnError is the agent's error policy; default Restart.
+	OnError ErrorPolicy
+	// DeadLetterTopic is where the agent's rejected records, and records it
+	// failed more often than the retry budget allows, are written; empty
+	// means "<app>-<agent>-dlq".
+	DeadLetterTopic string
+}
+
+// Option configures an agent (see New).
+type Option func(*Settings)
+
+// OnError sets the agent's error policy (default Restart).
+func OnError(p ErrorPolicy) Option { return func(s *Settings) { s.OnError = p } }
+
+// WithDeadLetterTopic names the agent's dead-letter topic (default
+// "<app>-<agent>-dlq"). The worker creates it (one partition) if missing.
+// Every dead letter carries the headers runnel-reason, runnel-topic,
+// runnel-partition, runnel-offset, runnel-agent, runnel-attempts and
+// runnel-timestamp (see docs/ack-mode.md).
+func WithDeadLetterTopic(topic string) Option { return func(s *Settings) { s.DeadLetterTopic = topic } }
+
+// Error is the error of one agent run on one partition, as Runner.Run
+// returns it.
+type Error struct {
+	Agent     string
+	Partition int32
+	// Offset is the record the agent was on when it failed (its window was
+	// open), or -1 when the error did not happen inside a record's window.
+	Offset int64
+	// Stream is true when the stream itself failed (ack timeout, overflow,
+	// the source terminated): the subscription is over, and the partition
+	// must be restarted rather than the agent alone.
+	Stream bool
+	// Panic is true when the agent panicked (Err holds the value and stack).
+	Panic bool
+	Err   error
+}
+
+func (e *Error) Error() string {
+	where := ""
+	if e.Offset >= 0 {
+		where = fmt.Sprintf("@%d", e.Offset)
+	}
+	return fmt.Sprintf("agent %s[%d]%s: %v", e.Agent, e.Partition, where, e.Err)
+}
+
+func (e *Error) Unwrap() error { return e.Err }

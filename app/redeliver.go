@@ -1,0 +1,665 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/agent/source"
+)
+
+// Redelivery bounds how often a failed record is redelivered and how long the
+// source waits before each redelivery (DESIGN.md §3 step 7).
+type Redelivery struct {
+	// MaxRetries is how many times a failed record is redelivered; when it
+	// fails again after that (MaxRetries+1 deliveries), it is dead-lettered to
+	// the dead-letter topic of every agent that failed or rejected it, and its
+	// partition continues. Default 5; negative means 0 (dead-letter on the
+	// first failure).
+	MaxRetries int
+	// Backoff is the wait before the first redelivery; it doubles for every
+	// further attempt of the same record, up to MaxBackoff. It is also the
+	// first wait before an agent is restarted (agent.Restart) or a partition
+	// restarts after its stream failed. Defaults 100 ms and 10 s.
+	Backoff, MaxBackoff time.Duration
+}
+
+// Defaults of Redelivery.
+const (
+	DefaultMaxRetries = 5
+	DefaultBackoff    = 100 * time.Millisecond
+	DefaultMaxBackoff = 10 * time.Second
+)
+
+// WithRedelivery sets the retry budget and backoff of failed records (zero
+// fields keep the defaults: 5 retries, 100 ms doubling up to 10 s).
+func WithRedelivery(r Redelivery) Option { return func(c *Config) { c.redelivery = r } }
+
+func (r Redelivery) withDefaults() Redelivery {
+	if r.MaxRetries == 0 {
+		r.MaxRetries = DefaultMaxRetries
+	} else if r.MaxRetries < 0 {
+		r.MaxRetries = 0
+	}
+	if r.Backoff <= 0 {
+		r.Backoff = DefaultBackoff
+	}
+	if r.MaxBackoff <= 0 {
+		r.MaxBackoff = DefaultMaxBackoff
+	}
+	r.MaxBackoff = max(r.MaxBackoff, r.Backoff)
+	return r
+}
+
+// delay returns Backoff·2^(n-1) capped at MaxBackoff, for the n-th retry (n >= 1).
+func (r Redelivery) delay(n int) time.Duration {
+	d := r.Backoff
+	for i := 1; i < n && d < r.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, r.MaxBackoff)
+}
+
+// sleep waits d or until one of done is closed; false when one was.
+func sleep(d time.Duration, done ...<-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	var a, b <-chan struct{}
+	if len(done) > 0 {
+		a = done[0]
+	}
+	if len(done) > 1 {
+		b = done[1]
+	}
+	select {
+	case <-t.C:
+		return true
+	case <-a:
+	case <-b:
+	}
+	return false
+}
+
+// fatalState holds the error that stops the worker (agent.StopWorker).
+type fatalState struct {
+	mu     sync.Mutex
+	err    error
+	cancel context.CancelFunc
+}
+
+// context derives the worker's run context: it is cancelled by stop.
+func (f *fatalState) context(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	f.mu.Lock()
+	f.cancel = cancel
+	f.mu.Unlock()
+	return ctx, cancel
+}
+
+// stop records err (the first one wins) and cancels the worker's run context.
+func (f *fatalState) stop(err error) {
+	f.mu.Lock()
+	if f.err == nil {
+		f.err = err
+	}
+	cancel := f.cancel
+	f.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+func (f *fatalState) get() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
+}
+
+// claimFeed hands a claim's message channel to the first producer of the
+// partition and watches for the claim's end afterwards: the channel closes when
+// the partition is revoked (cooperative rebalancing) or the session ends.
+// Sarama claims cannot seek, so once a producer seeks back it reads the
+// partition with its own PartitionConsumer and the feed discards what the
+// claim still delivers, only to notice its end.
+type claimFeed struct {
+	claim   sarama.ConsumerGroupClaim
+	revoked chan struct{} // closed when the claim's channel closed
+
+	mu       sync.Mutex
+	taken    bool
+	released bool
+	once     sync.Once
+}
+
+func newClaimFeed(claim sarama.ConsumerGroupClaim) *claimFeed {
+	return &claimFeed{claim: claim, revoked: make(chan struct{})}
+}
+
+// take returns the claim's channel the first time, nil afterwards.
+func (f *claimFeed) take() <-chan *sarama.ConsumerMessage {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.taken {
+		return nil
+	}
+	f.taken = true
+	return f.claim.Messages()
+}
+
+// ended records that the claim's channel closed.
+func (f *claimFeed) ended() { f.once.Do(func() { close(f.revoked) }) }
+
+// release says the producer that took the channel stopped reading it: the
+// rest is discarded until the claim closes (the goroutine ends when Sarama
+// closes the claim, at the latest right after ConsumeClaim returns).
+func (f *claimFeed) release() {
+	f.mu.Lock()
+	if !f.taken {
+		f.taken = true
+	}
+	if f.released {
+		f.mu.Unlock()
+		return
+	}
+	f.released = true
+	f.mu.Unlock()
+	go func() {
+		for range f.claim.Messages() {
+		}
+		f.ended()
+	}()
+}
+
+// partition runs the agents of one claimed source partition for one session:
+// one incarnation of its shared source (a source.Manager group with a
+// claimProducer) at a time. A failed stream (ack timeout, source terminated)
+// restarts the incarnation from the lowest unresolved offset; a revoke drains
+// and commits; agent.StopWorker stops the worker.
+type partition struct {
+	h       *handler
+	w       *Worker
+	sess    sarama.ConsumerGroupSession
+	topic   string
+	p       int32
+	key     string
+	runners []agent.Runner
+	feed    *claimFeed
+	retry   Redelivery
+
+	mu       sync.Mutex
+	attempts map[int64]int // failed deliveries per offset, kept across incarnations; guarded by mu
+}
+
+type agentResult struct {
+	r   agent.Runner
+	sub *source.Subscription
+	err error
+}
+
+func (pt *partition) run(ctx context.Context) error {
+	w := pt.w
+	from := int64(-1) // -1: read the claim
+	for restarts := 0; ; restarts++ {
+		prod := newClaimProducer(pt, from)
+		err, again := pt.incarnation(ctx, prod)
+		if !again {
+			return err
+		}
+		from = prod.resumeOffset()
+		d := pt.retry.delay(restarts + 1)
+		w.log.Warn("partition restarting", "topic", pt.topic, "partition", pt.p, "offset", from, "in", d, "err", err)
+		if !sleep(d, ctx.Done(), pt.feed.revoked) {
+			return nil
+		}
+	}
+}
+
+// incarnation runs one shared-source group over the partition until a revoke
+// (nil, false), a fatal agent error (err, false) or a failure that restarts the
+// partition (err, true).
+func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (error, bool) {
+	w := pt.w
+	subs := make([]*source.Subscription, 0, len(pt.runners))
+	for _, r := range pt.runners {
+		sub, err := w.mgr.Subscribe(pt.key, r.Name(), func(context.Context) (source.Producer, error) { return prod, nil })
+		if err != nil {
+			for _, s := range subs {
+				s.Unsubscribe(nil)
+			}
+			return fmt.Errorf("subscribe %s to %s: %w", r.Name(), pt.key, err), true
+		}
+		subs = append(subs, sub)
+	}
+	// Every agent of the topic is subscribed before the first record is fanned
+	// out, so each record's snapshot holds all of them.
+	close(prod.ready)
+
+	actx, cancelAgents := context.WithCancel(context.Background())
+	defer cancelAgents()
+	results := make(chan agentResult, len(pt.runners))
+	for i, r := range pt.runners {
+		go func() { results <- pt.supervise(actx, r, subs[i]) }()
+	}
+	running := len(pt.runners)
+	var first *agentResult
+	select {
+	case <-ctx.Done():
+	case <-pt.feed.revoked:
+	case res := <-results:
+		running--
+		first = &res
+		if res.err == nil {
+			first.err = fmt.Errorf("agent %s on %s returned before the partition was revoked", res.r.Name(), pt.key)
+		}
+	}
+	// Revoke: stop fetching, give in-flight records the drain budget to
+	// resolve, advance what resolved, commit, abandon the rest to redelivery.
+	// Failure: the same without the wait.
+	prod.stopFetching()
+	if first == nil {
+		prod.waitDrained(w.drainBudget())
+	} else {
+		// The failing agent's open window and queued records fail with its
+		// error (never acked); the others' unresolved records are abandoned.
+		first.sub.Unsubscribe(first.err)
+	}
+	w.mgr.Stop(pt.key)
+	cancelAgents()
+	for ; running > 0; running-- {
+		<-results
+	}
+	pt.sess.Commit()
+	if first == nil {
+		return nil, false
+	}
+	if first.r.Settings().OnError == agent.StopWorker {
+		var ae *agent.Error
+		if errors.As(first.err, &ae) && !ae.Stream {
+			w.log.Error("agent failed; stopping the worker (agent.StopWorker)", "agent", first.r.Name(), "topic", pt.topic, "partition", pt.p, "err", first.err)
+			w.fatal.stop(first.err)
+			return first.err, false
+		}
+	}
+	if ctx.Err() != nil {
+		return nil, false
+	}
+	return first.err, true
+}
+
+// supervise runs one agent over its subscription, restarting it on the same
+// subscription after an error on a record (agent.Restart with backoff,
+// agent.DeadLetter at once). It returns when the stream ended (nil), the
+// stream failed, or the policy is StopWorker.
+func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source.Subscription) agentResult {
+	w := pt.w
+	policy := r.Settings().OnError
+	failures := 0
+	for {
+		began := time.Now()
+		err := r.Run(actx, pt.p, sub, w.env)
+		if err == nil || actx.Err() != nil {
+			return agentResult{r: r, sub: sub}
+		}
+		var ae *agent.Error
+		if !errors.As(err, &ae) || ae.Stream || policy == agent.StopWorker {
+			return agentResult{r: r, sub: sub, err: err}
+		}
+		if time.Since(began) > pt.retry.MaxBackoff {
+			failures = 0
+		}
+		failures++
+		if policy == agent.DeadLetter && ae.Offset >= 0 {
+			w.log.Warn("agent failed on a record; dead-lettered, continuing", "agent", r.Name(), "topic", pt.topic, "partition", pt.p, "offset", ae.Offset, "err", err)
+			continue
+		}
+		d := pt.retry.delay(failures)
+		w.log.Warn("agent failed; restarting", "agent", r.Name(), "topic", pt.topic, "partition", pt.p, "offset", ae.Offset, "in", d, "err", err)
+		if !sleep(d, actx.Done()) {
+			return agentResult{r: r, sub: sub}
+		}
+	}
+}
+
+// attempt counts one more failed delivery of offset and returns the count.
+func (pt *partition) attempt(offset int64) int {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	pt.attempts[offset]++
+	return pt.attempts[offset]
+}
+
+func (pt *partition) attemptsOf(offset int64) int {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	return pt.attempts[offset]
+}
+
+func (pt *partition) forget(offset int64) {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	delete(pt.attempts, offset)
+}
+
+// payload is the broker payload of one fanned-out record: its offset and the
+// producer epoch it was fetched in. A seek back starts a new epoch; Advance
+// ignores records of older epochs (they are fetched again).
+type payload struct {
+	offset int64
+	epoch  uint64
+}
+
+// claimProducer is the shared-source producer of one incarnation of a claimed
+// partition. Its poll loop reads the claim (or, after a seek back or in a
+// later incarnation, its own PartitionConsumer); its Advance marks offsets,
+// dead-letters rejected records and seeks back on a failed one.
+//
+// Invariant (the commit rule): the offset marked for commit is wm.Next(), the
+// lowest fetched offset not yet resolved in the current epoch, or one past
+// the last resolved one; a failed record resets wm to its own offset, so
+// nothing at or after an unresolved record is ever committed. Offsets between
+// fetched records (compaction, transaction markers) are known absent.
+type claimProducer struct {
+	pt    *partition
+	from  int64         // first offset to read; -1: the claim
+	ready chan struct{} // closed once every agent subscribed
+
+	stopOnce sync.Once
+	stop     chan struct{} // closed to stop fetching (revoke or failure)
+	rewindCh chan struct{} // capacity 1: Advance asks the poll loop to seek back
+
+	// pc is the own PartitionConsumer, owned by the poll goroutine until
+	// Open returns; Close closes it.
+	pc      sarama.PartitionConsumer
+	usedClm bool // the poll loop took the claim's channel
+
+	mu     sync.Mutex
+	cond   *sync.Cond
+	wm     *source.Watermark // guarded by mu
+	epoch  uint64            // guarded by mu
+	rewind int64             // offset to seek back to, -1 none; guarded by mu
+	marked int64             // last offset marked, -1 none; guarded by mu
+	halted bool              // draining is pointless (failure on stop, budget over); guarded by mu
+	closed bool              // guarded by mu
+}
+
+func newClaimProducer(pt *partition, from int64) *claimProducer {
+	start := from
+	if from < 0 {
+		start = pt.feed.claim.InitialOffset()
+	}
+	c := &claimProducer{pt: pt, from: from, ready: make(chan struct{}), stop: make(chan struct{}),
+		rewindCh: make(chan struct{}, 1), wm: source.NewWatermark(start), rewind: -1, marked: -1}
+	c.cond = sync.NewCond(&c.mu)
+	return c
+}
+
+func (c *claimProducer) stopFetching() {
+	c.stopOnce.Do(func() { close(c.stop) })
+	c.mu.Lock()
+	c.cond.Broadcast()
+	c.mu.Unlock()
+}
+
+// resumeOffset is where a next incarnation starts: the lowest unresolved
+// offset of this one (valid once the group stopped).
+func (c *claimProducer) resumeOffset() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.rewind >= 0 {
+		return c.rewind
+	}
+	return c.wm.Next()
+}
+
+// waitDrained waits until every record fetched in the current epoch has been
+// advanced, a record failed, or budget passed.
+func (c *claimProducer) waitDrained(budget time.Duration) {
+	t := time.AfterFunc(budget, func() {
+		c.mu.Lock()
+		c.halted = true
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	})
+	defer t.Stop()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for !c.halted && !c.closed && c.rewind < 0 && c.wm.Pending() > 0 {
+		c.cond.Wait()
+	}
+}
+
+func (c *claimProducer) Open(ctx context.Context, emit func(*source.Record, any) error) error {
+	pt := c.pt
+	select {
+	case <-c.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	var msgs <-chan *sarama.ConsumerMessage
+	if c.from < 0 {
+		msgs = pt.feed.take()
+		c.usedClm = msgs != nil
+	}
+	if msgs == nil {
+		start := c.from
+		if start < 0 {
+			start = pt.feed.claim.InitialOffset()
+		}
+		var err error
+		if msgs, err = c.seek(start); err != nil {
+			return err
+		}
+	}
+	for {
+		c.mu.Lock()
+		rw := c.rewind
+		c.mu.Unlock()
+		if rw >= 0 {
+			n := pt.attemptsOf(rw)
+			d := pt.retry.delay(n)
+			pt.w.log.Info("seeking back to a failed record", "topic", pt.topic, "partition", pt.p, "offset", rw, "attempt", n+1, "in", d)
+			if !sleep(d, ctx.Done(), c.stop) {
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			var err error
+			if msgs, err = c.seek(rw); err != nil {
+				return err
+			}
+			c.mu.Lock()
+			c.rewind = -1
+			c.mu.Unlock()
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.stop:
+			<-ctx.Done()
+			return ctx.Err()
+		case <-c.rewindCh:
+		case m, ok := <-msgs:
+			if !ok {
+				if c.usedClm && c.pc == nil {
+					pt.feed.ended()
+					<-ctx.Done()
+					return ctx.Err()
+				}
+				return fmt.Errorf("partition consumer of %s closed", pt.key)
+			}
+			c.mu.Lock()
+			if c.rewind >= 0 {
+				c.mu.Unlock()
+				continue // fetched before the seek back: discarded
+			}
+			c.wm.Fetched(m.Offset)
+			pl := payload{offset: m.Offset, epoch: c.epoch}
+			c.mu.Unlock()
+			rec := &source.Record{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Timestamp: m.Timestamp}
+			for _, h := range m.Headers {
+				if h != nil {
+					rec.Headers = append(rec.Headers, source.Header{Key: h.Key, Value: h.Value})
+				}
+			}
+			if err := emit(rec, pl); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// seek (re)starts reading the partition at offset with the producer's own
+// PartitionConsumer. Sarama claims cannot seek: the claim is released to the
+// feed, which discards its remaining records.
+func (c *claimProducer) seek(offset int64) (<-chan *sarama.ConsumerMessage, error) {
+	pt := c.pt
+	if c.usedClm {
+		pt.feed.release()
+	}
+	c.closePC()
+	consumer := pt.w.restorer.Consumer
+	pc, err := consumer.ConsumePartition(pt.topic, pt.p, offset)
+	if errors.Is(err, sarama.ErrOffsetOutOfRange) {
+		// The record is gone (retention, DeleteRecords): nothing to redeliver
+		// below the log start.
+		pt.w.log.Warn("seek target below the log start; reading from the oldest offset", "topic", pt.topic, "partition", pt.p, "offset", offset)
+		pc, err = consumer.ConsumePartition(pt.topic, pt.p, sarama.OffsetOldest)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("seek %s to %d: %w", pt.key, offset, err)
+	}
+	c.mu.Lock()
+	c.pc = pc
+	c.mu.Unlock()
+	go func() {
+		for e := range pc.Errors() {
+			pt.w.log.Warn("partition consumer error", "topic", pt.topic, "partition", pt.p, "err", e)
+		}
+	}()
+	return pc.Messages(), nil
+}
+
+func (c *claimProducer) closePC() {
+	c.mu.Lock()
+	pc := c.pc
+	c.pc = nil
+	c.mu.Unlock()
+	if pc == nil {
+		return
+	}
+	go func() {
+		for range pc.Messages() {
+		}
+	}()
+	if err := pc.Close(); err != nil {
+		c.pt.w.log.Warn("close partition consumer", "topic", c.pt.topic, "partition", c.pt.p, "err", err)
+	}
+}
+
+func (c *claimProducer) Lane(any) (any, error) { return c.pt.p, nil }
+
+// Advance implements source.Producer (DESIGN.md §3 step 7): clean records are
+// resolved; a rejected record is dead-lettered to the rejecting agents' topics,
+// then resolved; a failed record makes the poll loop seek back to it after a
+// backoff (the records after it are fetched again) until it failed
+// Redelivery.MaxRetries+1 times, when it is dead-lettered and resolved. The
+// marked offset is the watermark's next offset. Records of an older epoch
+// (fetched before a seek back) are ignored.
+func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem) error {
+	pt := c.pt
+	resolved := 0
+	defer func() {
+		c.mu.Lock()
+		next := c.wm.Next()
+		mark := next > c.marked && next >= 0
+		if mark {
+			c.marked = next
+		}
+		c.cond.Broadcast()
+		c.mu.Unlock()
+		if mark {
+			// Kafka commits the offset of the next record to read.
+			pt.sess.MarkOffset(pt.topic, pt.p, next, "")
+		}
+		if resolved > 0 {
+			pt.w.metrics.committed.WithLabelValues(pt.topic).Add(float64(resolved))
+		}
+	}()
+	for i := range batch {
+		it := &batch[i]
+		pl, _ := it.Payload.(payload)
+		c.mu.Lock()
+		stale := pl.epoch != c.epoch
+		c.mu.Unlock()
+		if stale {
+			continue
+		}
+		off := it.Record.Offset
+		failed := !it.Outcome.Clean() && (it.Outcome.Failed > 0 || it.Outcome.Rejected == 0)
+		if !failed && it.Outcome.Rejected > 0 {
+			if err := pt.w.deadLetter(ctx, it.Record, it.Causes, it.CauseIDs, pt.attemptsOf(off)+1); err != nil {
+				pt.w.log.Warn("dead-letter failed; the record is redelivered", "topic", pt.topic, "partition", pt.p, "offset", off, "err", err)
+				it.Causes = append(it.Causes, err)
+				failed = true
+			}
+		}
+		if failed {
+			n := pt.attempt(off)
+			if n <= pt.retry.MaxRetries {
+				c.seekBack(off)
+				return nil
+			}
+			select {
+			case <-c.stop:
+				// Stopping: leave the record to the next owner.
+				c.seekBack(off)
+				return nil
+			default:
+			}
+			if len(it.CauseIDs) == 0 {
+				return fmt.Errorf("%s@%d failed %d times with no subscriber to dead-letter it to (outcome %+v)", pt.key, off, n, it.Outcome)
+			}
+			if err := pt.w.deadLetter(ctx, it.Record, it.Causes, it.CauseIDs, n); err != nil {
+				return err
+			}
+		}
+		pt.forget(off)
+		c.mu.Lock()
+		c.wm.Resolved(off)
+		c.mu.Unlock()
+		resolved++
+	}
+	return nil
+}
+
+// seekBack starts a new epoch at offset: later items of the current batch and
+// every record fetched before are ignored, and the poll loop reads again from
+// offset (unless fetching stopped).
+func (c *claimProducer) seekBack(offset int64) {
+	c.mu.Lock()
+	c.epoch++
+	c.rewind = offset
+	c.wm.Reset(offset)
+	c.cond.Broadcast()
+	c.mu.Unlock()
+	select {
+	case c.rewindCh <- struct{}{}:
+	default:
+	}
+}
+
+func (c *claimProducer) Close() error {
+	c.closePC()
+	if c.usedClm {
+		c.pt.feed.release()
+	}
+	c.mu.Lock()
+	c.closed = true
+	c.cond.Broadcast()
+	c.mu.Unlock()
+	return nil
+}
