@@ -468,6 +468,23 @@ func (p *planner) assignActives() {
 			}
 		}
 	}
+	// 3b. Promotion before balance: an orphan whose previous owner left goes
+	// to its least-loaded state holder even above capacity; balancing then
+	// moves other tasks (step 5 never moves a promoted task to a member
+	// without state while another task can go).
+	for _, t := range orphans {
+		if p.active[t] >= 0 || p.prevOwn[t] >= 0 || len(p.holders[t]) == 0 {
+			continue
+		}
+		best := -1
+		for _, h := range p.holders[t] {
+			if best < 0 || p.load[h] < p.load[best] {
+				best = h
+			}
+		}
+		p.active[t] = best
+		p.load[best]++
+	}
 	// 4. Remaining orphans to the least-loaded eligible member, preferring
 	// the one with the fewest tasks of the same group (per-group spread).
 	gcount := make([][]int, len(p.groups))
@@ -609,8 +626,13 @@ func (p *planner) balanceActives(gcount [][]int) {
 				continue
 			}
 			gi := p.taskG[t]
+			// Cost class: 0 the donor holds no state for t; 1 its own or
+			// state-backed task; 2 a promoted orphan (its previous owner
+			// left and the donor held its standby): moved last.
 			owned := 0
-			if p.prevOwn[t] == d {
+			if p.prevOwn[t] < 0 && p.isHolder(d, t) {
+				owned = 2
+			} else if p.prevOwn[t] == d || p.isHolder(d, t) {
 				owned = 1
 			}
 			st := 0
