@@ -38,6 +38,10 @@ type Member struct {
 	// Offsets maps changelog topic -> partition -> the offset of the last record
 	// applied to the local store (-1 or absent: none).
 	Offsets map[string]map[int32]int64
+	// Owned maps topic -> partitions the member consumes right now (the
+	// OwnedPartitions of its JoinGroup subscription, KIP-429). Only read when
+	// Cluster.Cooperative is set; nil means PrevActives.
+	Owned map[string][]int32
 }
 
 // Cluster is the input of PlanAssignment.
@@ -66,6 +70,12 @@ type Cluster struct {
 	// MaxWarmupReplicas is KIP-441's max.warmup.replicas; 0 means
 	// DefaultMaxWarmupReplicas.
 	MaxWarmupReplicas int
+	// Cooperative plans for the incremental rebalance protocol (KIP-429): a
+	// task whose planned member differs from a member that owns it now is
+	// withheld (MemberPlan.Pending of the planned member, nobody's active) so
+	// that the owner revokes it in this generation and the planned member gets
+	// it in the next one. Tasks that do not move are never withheld.
+	Cooperative bool
 }
 
 // MemberPlan is one member's share of a Plan. Every map is topic -> sorted
@@ -82,6 +92,11 @@ type MemberPlan struct {
 	Warmups map[string][]int32
 	// Globals are all partitions of every global-table changelog.
 	Globals map[string][]int32
+	// Pending (Cluster.Cooperative only) are the actives planned for this
+	// member but withheld in this generation because another member still
+	// owns them; the member reports them as previous actives in its next
+	// subscription, which makes the follow-up plan give them to it.
+	Pending map[string][]int32
 }
 
 // Plan is the output of PlanAssignment.
@@ -91,6 +106,10 @@ type Plan struct {
 	// URLs maps topic -> partition -> URL of the member holding the active, for
 	// source and co-partitioned changelog topics.
 	URLs map[string]map[int32]string
+	// Withheld (Cluster.Cooperative only) is the number of tasks (co-partitioned
+	// partitions) revoked from their owner and withheld in this plan; a
+	// follow-up rebalance assigns them.
+	Withheld int
 	// NeedsProbe reports that some active was kept away from its balanced target
 	// because the target is not caught up (KIP-441): the group should rebalance
 	// again after the probing interval.
@@ -126,6 +145,7 @@ type planner struct {
 	standby  [][]int
 	sload    []int
 	warm     [][]int
+	withheld []bool
 	caughtUp func(m, t int) bool
 }
 
@@ -187,6 +207,9 @@ func PlanAssignment(c Cluster) (Plan, error) {
 	p.assignActives()
 	p.assignStandbys()
 	needsProbe := p.lagAware()
+	if c.Cooperative {
+		p.withhold()
+	}
 	return p.output(needsProbe), nil
 }
 
@@ -862,6 +885,23 @@ func (p *planner) lagAware() bool {
 	return probe
 }
 
+// withhold marks the tasks that move away from a member owning them now
+// (KIP-429 two-phase move: revoke in this generation, assign in the next).
+func (p *planner) withhold() {
+	p.withheld = make([]bool, len(p.taskG))
+	for m, mem := range p.members {
+		owned := mem.Owned
+		if owned == nil {
+			owned = mem.PrevActives
+		}
+		for _, t := range p.tasksOf(owned) {
+			if p.active[t] >= 0 && p.active[t] != m {
+				p.withheld[t] = true
+			}
+		}
+	}
+}
+
 func addTP(m map[string][]int32, topic string, q int32) {
 	m[topic] = append(m[topic], q)
 }
@@ -870,19 +910,24 @@ func (p *planner) output(needsProbe bool) Plan {
 	plan := Plan{Members: make(map[string]MemberPlan, len(p.members)), URLs: map[string]map[int32]string{}, NeedsProbe: needsProbe}
 	mps := make([]MemberPlan, len(p.members))
 	for i := range mps {
-		mps[i] = MemberPlan{Actives: map[string][]int32{}, Standbys: map[string][]int32{}, Warmups: map[string][]int32{}, Globals: map[string][]int32{}}
+		mps[i] = MemberPlan{Actives: map[string][]int32{}, Standbys: map[string][]int32{}, Warmups: map[string][]int32{}, Globals: map[string][]int32{}, Pending: map[string][]int32{}}
 	}
 	// Tasks are visited in (group, partition) order, so every slice is sorted.
 	for t := range p.taskG {
 		g := p.groups[p.taskG[t]]
 		q := p.taskP[t]
 		a := p.active[t]
+		actives := mps[a].Actives
+		if p.withheld != nil && p.withheld[t] {
+			actives = mps[a].Pending
+			plan.Withheld++
+		}
 		for _, topic := range g.sources {
-			addTP(mps[a].Actives, topic, q)
+			addTP(actives, topic, q)
 		}
 		for _, topic := range g.changelogs {
 			if !slices.Contains(g.sources, topic) {
-				addTP(mps[a].Actives, topic, q)
+				addTP(actives, topic, q)
 			}
 			for _, s := range p.standby[t] {
 				addTP(mps[s].Standbys, topic, q)

@@ -458,3 +458,114 @@ func TestLagRule(t *testing.T) {
 		}
 	})
 }
+
+// union returns a ∪ b as topic -> sorted partitions.
+func union(a, b map[string][]int32) map[string][]int32 {
+	out := map[string][]int32{}
+	for _, m := range []map[string][]int32{a, b} {
+		for t, ps := range m {
+			out[t] = append(out[t], ps...)
+		}
+	}
+	for t := range out {
+		slices.Sort(out[t])
+		out[t] = slices.Compact(out[t])
+		if len(out[t]) == 0 {
+			delete(out, t)
+		}
+	}
+	return out
+}
+
+func nonEmpty(m map[string][]int32) map[string][]int32 { return union(m, nil) }
+
+// TestCooperativeTwoPhase (KIP-429): after every membership change, the
+// cooperative plan gives a member only partitions it owns already or that no
+// member owns (so no partition is ever owned by two members in one
+// generation: the owner revokes, then the follow-up plan assigns); its target
+// (actives plus pending) equals the eager plan; the follow-up plan, with
+// the members reporting their pending actives, assigns exactly the target and
+// withholds nothing.
+func TestCooperativeTwoPhase(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		w := genWorld(t)
+		c := w.cluster()
+		c.Cooperative = true
+		p := plan(t, c)
+		if p.Withheld != 0 {
+			t.Fatalf("fresh plan withheld %d", p.Withheld)
+		}
+		w.apply(p)
+		owned := func() map[string]map[string][]int32 { // member -> topic -> partitions it runs
+			out := map[string]map[string][]int32{}
+			for _, m := range w.members {
+				out[m.ID] = m.PrevActives
+			}
+			return out
+		}
+		for step := range rapid.IntRange(1, 4).Draw(t, "steps") {
+			if op := rapid.SampledFrom([]string{"add", "remove"}).Draw(t, fmt.Sprintf("op%d", step)); op == "add" || len(w.members) == 1 {
+				w.add(rapid.IntRange(1, 8).Draw(t, fmt.Sprintf("add%d", step)))
+			} else {
+				k := rapid.IntRange(1, len(w.members)-1).Draw(t, fmt.Sprintf("remove%d", step))
+				w.members = w.members[k:]
+			}
+			own := owned()
+			c = w.cluster()
+			eager := plan(t, c)
+			for i := range c.Members {
+				c.Members[i].Owned = own[c.Members[i].ID]
+			}
+			c.Cooperative = true
+			p1 := plan(t, c)
+			withheld := 0
+			for id, mp := range p1.Members {
+				for topic, ps := range mp.Actives {
+					for _, q := range ps {
+						for other, o := range own {
+							if other != id && slices.Contains(o[topic], q) {
+								t.Fatalf("%s[%d] given to %s while %s owns it", topic, q, id, other)
+							}
+						}
+					}
+				}
+				if !reflect.DeepEqual(union(mp.Actives, mp.Pending), nonEmpty(eager.Members[id].Actives)) {
+					t.Fatalf("%s: cooperative target %v+%v, eager %v", id, mp.Actives, mp.Pending, eager.Members[id].Actives)
+				}
+				for _, ps := range mp.Pending {
+					withheld += len(ps)
+				}
+				if !reflect.DeepEqual(mp.Standbys, eager.Members[id].Standbys) {
+					t.Fatalf("%s: cooperative standbys %v, eager %v", id, mp.Standbys, eager.Members[id].Standbys)
+				}
+			}
+			if (withheld == 0) != (p1.Withheld == 0) {
+				t.Fatalf("Withheld %d, pending partitions %d", p1.Withheld, withheld)
+			}
+			// Generation g+1: members run p1's actives (owners revoked what
+			// they lost) and report pending as previous actives.
+			for i := range w.members {
+				mp := p1.Members[w.members[i].ID]
+				w.members[i].PrevActives = union(mp.Actives, mp.Pending)
+				w.members[i].PrevStandbys = union(mp.Standbys, mp.Warmups)
+				w.members[i].Generation++
+			}
+			c2 := w.cluster()
+			c2.Cooperative = true
+			for i := range c2.Members {
+				c2.Members[i].Owned = p1.Members[c2.Members[i].ID].Actives
+			}
+			p2 := plan(t, c2)
+			if p2.Withheld != 0 {
+				t.Fatalf("follow-up plan withheld %d", p2.Withheld)
+			}
+			for id, mp := range p2.Members {
+				if !reflect.DeepEqual(nonEmpty(mp.Actives), nonEmpty(eager.Members[id].Actives)) {
+					t.Fatalf("%s: follow-up actives %v, target %v", id, mp.Actives, eager.Members[id].Actives)
+				}
+			}
+			w.checkValid(t, p2, false)
+			w.apply(p2)
+		}
+	})
+}
