@@ -131,10 +131,14 @@ func TestCooperativeOnKfake(t *testing.T) {
 			run := tr.owners()
 			as := map[string]Assignment{}
 			ok := len(run) == 12
+			gen := int32(-2)
 			for id, m := range ms {
 				a := m.strat.Current()
 				as[id] = a
-				if len(a.Pending) > 0 {
+				if gen == -2 {
+					gen = a.Generation
+				}
+				if len(a.Pending) > 0 || a.Generation < 0 || a.Generation != gen {
 					ok = false
 				}
 				for _, topic := range []string{"events", "clicks"} {
