@@ -56,6 +56,7 @@ type Config struct {
 
 	devTopic, devKeyField string
 	topicPrefix           string
+	eager                 bool // WithRebalanceProtocol(eager)
 }
 
 // Option configures an App.
