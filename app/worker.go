@@ -61,8 +61,8 @@ type Worker struct {
 	parts *tableParts // table partition lifecycles (restores, standby followers)
 
 	mu         sync.Mutex
-	assignment assignor.Assignment                // latest, guarded by mu
-	ready      bool                               // every active partition restored; guarded by mu
+	assignment assignor.Assignment               // latest, guarded by mu
+	ready      bool                              // every active partition restored; guarded by mu
 	claims     map[restoreKey]context.CancelFunc // running claims (topic, partition); guarded by mu
 
 	restored atomic.Int64 // changelog records replayed by active restores
