@@ -654,3 +654,33 @@ func (c Config) rebalanceProtocol() sarama.RebalanceProtocol {
 	}
 	return sarama.RebalanceProtocolCooperative
 }
+
+// Running reports what this worker runs right now: claims maps each source
+// topic to the partitions whose ConsumeClaim runs; followed maps each table
+// changelog topic to the partitions a standby follower tails. Tests compare
+// it with Assignment (actives and standbys plus warm-ups).
+func (w *Worker) Running() (claims, followed map[string][]int32) {
+	claims, followed = map[string][]int32{}, map[string][]int32{}
+	w.mu.Lock()
+	for k := range w.claims {
+		claims[k.table] = append(claims[k.table], k.p)
+	}
+	w.mu.Unlock()
+	if w.parts != nil {
+		w.parts.mu.Lock()
+		for k, p := range w.parts.parts {
+			if p.stopFollow != nil {
+				if t := w.tableByName(k.table); t != nil {
+					followed[t.state.Topic()] = append(followed[t.state.Topic()], k.p)
+				}
+			}
+		}
+		w.parts.mu.Unlock()
+	}
+	for _, m := range []map[string][]int32{claims, followed} {
+		for t := range m {
+			slices.Sort(m[t])
+		}
+	}
+	return claims, followed
+}
