@@ -159,17 +159,20 @@ type planner struct {
 //     topic name) with its partition count, or forms its own group over all
 //     members. Each (group, partition) is a task.
 //  2. Every member keeps its previous actives up to ceil(T/N) tasks.
-//  3. Orphaned tasks go to a member holding local state (standby) when a
-//     maximum matching allows, first without moving kept tasks, then moving
-//     kept tasks only onto their own standby holders (augmenting paths).
+//  3. Orphaned tasks go to a member holding local state (standby) with room
+//     (floor, then ceil); every orphan whose previous owner left then goes to
+//     its least-loaded state holder even above capacity (promotion first).
 //  4. Remaining orphans go to the least-loaded eligible member.
-//  5. While max-min load > 1, one task moves from a most-loaded to a
-//     least-loaded member, preferring tasks the receiver holds state for.
+//  5. While max-min load > 1, tasks move from a most-loaded to a least-loaded
+//     member: chains of moves onto state holders first, else one direct move
+//     that takes a promoted orphan only as a last resort.
 //  6. Standbys per stateful task: keep previous holders (the displaced active
 //     first), fill from the members with fewest standbys, then balance.
 //  7. KIP-441: an active whose target member lags by more than
 //     AcceptableRecoveryLag stays on (or moves to) a caught-up member, and the
 //     target gets a warm-up (at most MaxWarmupReplicas); NeedsProbe is set.
+//  8. Cooperative (KIP-429): a task moving away from a member that owns it
+//     now is withheld (MemberPlan.Pending) until the owner revoked it.
 //
 // Errors: duplicate or empty member IDs, negative partition counts.
 func PlanAssignment(c Cluster) (Plan, error) {
@@ -459,10 +462,11 @@ func (p *planner) assignActives() {
 	}
 	// Passes: first up to floor(T/N) per member, then up to ceil(T/N) for at
 	// most T mod N members (so the result is balanced without moving a
-	// promoted task again); each first without moving kept tasks.
+	// promoted task again). Kept tasks do not move here: augmenting paths
+	// through them moved many partitions (bench TestAssignorMoves).
 	floor, extra := nt/n, nt%n
 	placedHere := make([]bool, nt) // placed in this pass: free to move again
-	for _, pass := range []struct{ ceil, anyMove bool }{{false, false}, {false, true}, {true, false}, {true, true}} {
+	for _, pass := range []struct{ ceil, anyMove bool }{{false, false}, {true, false}} {
 		for _, t := range orphans {
 			if p.active[t] >= 0 || len(p.holders[t]) == 0 {
 				continue
