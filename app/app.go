@@ -57,6 +57,7 @@ type Config struct {
 	redelivery            Redelivery // WithRedelivery (redeliver.go)
 	devTopic, devKeyField string
 	topicPrefix           string
+	eager                 bool // WithRebalanceProtocol(eager)
 }
 
 // Option configures an App.

@@ -203,7 +203,7 @@ func (a *App) Command() *cobra.Command {
 	send.Flags().StringVar(&sendTopic, "topic", "", "destination topic (default: the app's dev input topic)")
 	send.Flags().StringVar(&sendKey, "key-field", "", "JSON string field used as the record key")
 
-	root.AddCommand(worker, dev, describe, tables, send)
+	root.AddCommand(worker, dev, describe, tables, send, a.assignmentCommand())
 	return root
 }
 

@@ -16,11 +16,12 @@ import (
 type handler struct {
 	w *Worker
 
-	// Per-session state, reset by Setup.
-	mu       sync.Mutex
-	restores map[restoreKey]*restoreGate // guarded by mu
-	cancel   context.CancelFunc          // stops the commit ticker and standby followers
-	bg       sync.WaitGroup              // the commit ticker and standby followers
+	// Per-session state, reset by Setup. Table partitions (restores, standby
+	// followers) live in Worker.parts: under the cooperative protocol one
+	// session spans many assignments.
+	mu     sync.Mutex
+	cancel context.CancelFunc // stops the commit ticker
+	bg     sync.WaitGroup     // the commit ticker
 }
 
 type restoreKey struct {
@@ -28,8 +29,8 @@ type restoreKey struct {
 	p     int32
 }
 
-// restoreGate runs one partition's restore once per session; every claim that
-// needs the partition waits for it.
+// restoreGate runs one partition's restore once per activation; every claim
+// that needs the partition waits for it.
 type restoreGate struct {
 	once sync.Once
 	done chan struct{}
@@ -38,30 +39,11 @@ type restoreGate struct {
 
 func (h *handler) Setup(sess sarama.ConsumerGroupSession) error {
 	w := h.w
-	a := w.strategy.Current()
 	w.log.Info("session started", "generation", sess.GenerationID(), "member", sess.MemberID(), "claims", fmtParts(sess.Claims()))
 	ctx, cancel := context.WithCancel(sess.Context())
 	h.mu.Lock()
-	h.restores = map[restoreKey]*restoreGate{}
 	h.cancel = cancel
 	h.mu.Unlock()
-
-	// A partition stays writable only while it is active; it becomes writable
-	// again after its restore in ConsumeClaim.
-	for _, t := range w.tables {
-		for p := int32(0); p < t.parts; p++ {
-			t.state.SetActive(p, false)
-		}
-		for _, p := range a.Standbys[t.state.Topic()] {
-			h.bg.Add(1)
-			go func() {
-				defer h.bg.Done()
-				if err := w.restorer.Follow(ctx, t.state.Topic(), p, t.store); err != nil {
-					w.log.Warn("standby stopped", "table", t.def.Name(), "partition", p, "err", err)
-				}
-			}()
-		}
-	}
 	if len(sess.Claims()) == 0 {
 		w.setReady(true)
 	}
@@ -103,54 +85,35 @@ func (w *Worker) setReady(r bool) {
 }
 
 // restore brings every table partition p that is active for this worker and
-// co-partitioned with topic up to the end of its changelog, once per session.
-func (h *handler) restore(ctx context.Context, topic string, p int32) error {
+// co-partitioned with topic up to the end of its changelog, once per
+// activation (Worker.parts). It returns the partitions it acquired, which the
+// claim releases when it ends, also on error.
+func (h *handler) restore(ctx context.Context, topic string, p int32) ([]restoreKey, error) {
 	w := h.w
 	src, _ := w.graph.Topic(topic)
 	a := w.strategy.Current()
+	var acquired []restoreKey
 	for _, t := range w.tables {
 		if t.parts != src.Partitions || !slices.Contains(a.Actives[t.state.Topic()], p) {
 			continue
 		}
-		h.mu.Lock()
 		k := restoreKey{t.def.Name(), p}
-		g := h.restores[k]
-		if g == nil {
-			g = &restoreGate{done: make(chan struct{})}
-			h.restores[k] = g
-		}
-		h.mu.Unlock()
-		g.once.Do(func() {
-			defer close(g.done)
-			res, err := w.restorer.Restore(ctx, t.state.Topic(), p, t.store)
-			if err != nil {
-				g.err = err
-				return
-			}
-			w.restored.Add(res.Records)
-			w.restoredSpan.Add(res.To - res.Start)
-			w.metrics.restored.WithLabelValues(t.def.Name()).Add(float64(res.Records))
-			w.log.Info("restored", "table", t.def.Name(), "partition", p, "records", res.Records,
-				"from", res.From, "to", res.To, "rebuilt", res.Rebuilt, "elapsed", res.Elapsed)
-			t.state.SetActive(p, true)
-		})
-		select {
-		case <-g.done:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		if g.err != nil {
-			return g.err
+		acquired = append(acquired, k)
+		if err := w.parts.acquire(ctx, k); err != nil {
+			return acquired, err
 		}
 	}
-	return nil
+	return acquired, nil
 }
 
 func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	w := h.w
 	topic, p := claim.Topic(), claim.Partition()
-	ctx := sess.Context()
-	if err := h.restore(ctx, topic, p); err != nil {
+	ctx, claimDone := w.claimContext(sess, topic, p) // ends on revoke (cooperative) or session end
+	defer claimDone()
+	acquired, err := h.restore(ctx, topic, p)
+	defer w.parts.release(acquired)
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -180,25 +143,8 @@ func (w *Worker) drainBudget() time.Duration {
 	return min(r/2, 10*time.Second)
 }
 
-func (w *Worker) markReadyIfRestored(h *handler) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	a := w.strategy.Current()
-	need := 0
-	for _, t := range w.tables {
-		need += len(a.Actives[t.state.Topic()])
-	}
-	done := 0
-	for _, g := range h.restores {
-		select {
-		case <-g.done:
-			if g.err == nil {
-				done++
-			}
-		default:
-		}
-	}
-	if done >= need {
+func (w *Worker) markReadyIfRestored(*handler) {
+	if w.parts.restoredAll(w.strategy.Current()) {
 		w.setReady(true)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -57,9 +58,12 @@ type Worker struct {
 	env      *table.Env
 	metrics  *metrics
 
+	parts *tableParts // table partition lifecycles (restores, standby followers)
+
 	mu         sync.Mutex
-	assignment assignor.Assignment // latest, guarded by mu
-	ready      bool                // every active partition restored; guarded by mu
+	assignment assignor.Assignment               // latest, guarded by mu
+	ready      bool                              // every active partition restored; guarded by mu
+	claims     map[restoreKey]context.CancelFunc // running claims (topic, partition); guarded by mu
 
 	restored     atomic.Int64 // changelog records replayed by active restores
 	restoredSpan atomic.Int64 // changelog offsets covered by active restores
@@ -279,6 +283,8 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		rt := &tableRuntime{def: def, parts: tt.Partitions, store: st, state: table.NewState(def, tt.Partitions, st, send)}
 		w.tables = append(w.tables, rt)
 	}
+	w.parts = newTableParts(w, ctx)
+	closers = append(closers, func() error { w.parts.stop(); return nil })
 	w.env = &table.Env{States: map[string]*table.State{}, Send: send}
 	for _, t := range w.tables {
 		w.env.States[t.def.Name()] = t.state
@@ -301,6 +307,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	w.strategy = assignor.NewStrategy(assignor.Config{
 		Changelogs:   changelogs,
 		Replicas:     w.cfg.Replicas,
+		Protocol:     w.cfg.rebalanceProtocol(),
 		ProcessID:    w.procID,
 		URL:          w.cfg.HTTPAddr,
 		Offsets:      w.localOffsets,
@@ -329,7 +336,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	}
 
 	topics := w.graph.Subscriptions()
-	w.log.Info("worker joining group", "group", w.app.id, "topics", topics, "brokers", brokers)
+	w.log.Info("worker joining group", "group", w.app.id, "topics", topics, "brokers", brokers, "protocol", w.cfg.rebalanceProtocol())
 	h := &handler{w: w}
 	for ctx.Err() == nil {
 		sctx, cancel := context.WithCancel(ctx)
@@ -397,13 +404,31 @@ func (w *Worker) endOffsets(topics map[string]int32) map[string]map[int32]int64 
 	return out
 }
 
+// onAssignment runs inside sarama's SyncGroup handling, before revoked claims
+// stop (cooperative) and before new claims start: it ends the claims the
+// assignment no longer holds, starts and stops standby followers, and
+// recomputes readiness (a member whose partitions did not change stays ready).
 func (w *Worker) onAssignment(a assignor.Assignment) {
+	followed := map[string][]int32{}
+	for _, t := range w.tables {
+		topic := t.state.Topic()
+		followed[t.def.Name()] = append(slices.Clone(a.Standbys[topic]), a.Warmups[topic]...)
+	}
+	if w.parts != nil {
+		w.parts.setFollowed(followed)
+	}
+	ready := w.parts == nil || w.parts.restoredAll(a)
 	w.mu.Lock()
 	w.assignment = a
-	w.ready = false
+	w.ready = ready
+	for k, cancel := range w.claims {
+		if !slices.Contains(a.Actives[k.table], k.p) {
+			cancel()
+		}
+	}
 	w.mu.Unlock()
 	w.log.Info("assignment", "generation", a.Generation, "leader", a.Leader,
-		"actives", fmtParts(a.Actives), "standbys", fmtParts(a.Standbys), "warmups", fmtParts(a.Warmups))
+		"actives", fmtParts(a.Actives), "standbys", fmtParts(a.Standbys), "warmups", fmtParts(a.Warmups), "pending", fmtParts(a.Pending))
 }
 
 func fmtParts(m map[string][]int32) string {
@@ -420,4 +445,270 @@ func fmtParts(m map[string][]int32) string {
 		fmt.Fprintf(&b, "%s%v ", k, m[k])
 	}
 	return strings.TrimSpace(b.String())
+}
+
+// tablePart is the lifecycle of one table partition on this worker: active
+// while at least one claim of a co-partitioned source topic runs (restored once
+// per activation), otherwise followed as a standby or warm-up when the
+// assignment says so. A partition is never restored and followed at once.
+type tablePart struct {
+	claims int          // running claims that need the partition active
+	gate   *restoreGate // restore of the current activation; nil while inactive
+
+	wantFollow bool
+	stopFollow context.CancelFunc // nil when no follower runs
+	followDone chan struct{}      // closed when the last follower exited
+}
+
+// tableParts tracks every table partition of a worker across group sessions;
+// the cooperative protocol changes the assignment inside one session, so the
+// lifecycle is driven by claims and assignments, not by Setup and Cleanup.
+type tableParts struct {
+	w     *Worker
+	ctx   context.Context // the worker's run context: followers end with it
+	mu    sync.Mutex
+	parts map[restoreKey]*tablePart // guarded by mu
+	bg    sync.WaitGroup            // followers
+}
+
+func newTableParts(w *Worker, ctx context.Context) *tableParts {
+	return &tableParts{w: w, ctx: ctx, parts: map[restoreKey]*tablePart{}}
+}
+
+func (tp *tableParts) get(k restoreKey) *tablePart {
+	p := tp.parts[k]
+	if p == nil {
+		p = &tablePart{}
+		tp.parts[k] = p
+	}
+	return p
+}
+
+func (w *Worker) tableByName(name string) *tableRuntime {
+	for _, t := range w.tables {
+		if t.def.Name() == name {
+			return t
+		}
+	}
+	return nil
+}
+
+// startFollower starts the standby follower of k; mu must be held.
+func (tp *tableParts) startFollower(k restoreKey, p *tablePart) {
+	t := tp.w.tableByName(k.table)
+	if t == nil || p.stopFollow != nil || tp.ctx.Err() != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(tp.ctx)
+	done := make(chan struct{})
+	p.stopFollow, p.followDone = cancel, done
+	tp.bg.Add(1)
+	go func() {
+		defer tp.bg.Done()
+		defer close(done)
+		if err := tp.w.restorer.Follow(ctx, t.state.Topic(), k.p, t.store); err != nil {
+			tp.w.log.Warn("standby stopped", "table", k.table, "partition", k.p, "err", err)
+		}
+	}()
+}
+
+// setFollowed makes the followed partitions exactly want (table -> partitions:
+// standbys and warm-ups); a partition with a running claim starts following
+// when its last claim ends.
+func (tp *tableParts) setFollowed(want map[string][]int32) {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	for table, ps := range want {
+		for _, q := range ps {
+			tp.get(restoreKey{table, q})
+		}
+	}
+	for k, p := range tp.parts {
+		p.wantFollow = slices.Contains(want[k.table], k.p)
+		switch {
+		case p.wantFollow && p.claims == 0:
+			tp.startFollower(k, p)
+		case !p.wantFollow && p.stopFollow != nil:
+			p.stopFollow()
+			p.stopFollow = nil
+		}
+	}
+}
+
+// acquire makes table partition k active for one claim: it stops its
+// follower, restores it once per activation (every claim waits for that
+// restore) and marks it writable.
+func (tp *tableParts) acquire(ctx context.Context, k restoreKey) error {
+	t := tp.w.tableByName(k.table)
+	tp.mu.Lock()
+	p := tp.get(k)
+	p.claims++
+	if p.stopFollow != nil {
+		p.stopFollow()
+		p.stopFollow = nil
+	}
+	followDone := p.followDone
+	if p.gate == nil {
+		p.gate = &restoreGate{done: make(chan struct{})}
+	}
+	g := p.gate
+	tp.mu.Unlock()
+	if followDone != nil {
+		select {
+		case <-followDone:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	w := tp.w
+	g.once.Do(func() {
+		defer close(g.done)
+		res, err := w.restorer.Restore(ctx, t.state.Topic(), k.p, t.store)
+		if err != nil {
+			g.err = err
+			return
+		}
+		w.restored.Add(res.Records)
+		w.restoredSpan.Add(res.To - res.Start)
+		w.metrics.restored.WithLabelValues(k.table).Add(float64(res.Records))
+		w.log.Info("restored", "table", k.table, "partition", k.p, "records", res.Records,
+			"from", res.From, "to", res.To, "rebuilt", res.Rebuilt, "elapsed", res.Elapsed)
+		t.state.SetActive(k.p, true)
+	})
+	select {
+	case <-g.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return g.err
+}
+
+// release ends one claim's hold on each of keys; a partition whose last claim
+// ended becomes read-only and is followed again if it is a standby.
+func (tp *tableParts) release(keys []restoreKey) {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	for _, k := range keys {
+		p := tp.get(k)
+		if p.claims--; p.claims > 0 {
+			continue
+		}
+		p.claims = 0
+		if t := tp.w.tableByName(k.table); t != nil {
+			t.state.SetActive(k.p, false)
+		}
+		p.gate = nil
+		if p.wantFollow {
+			tp.startFollower(k, p)
+		}
+	}
+}
+
+// restoredAll reports whether every active table partition of a finished its
+// restore.
+func (tp *tableParts) restoredAll(a assignor.Assignment) bool {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	for _, t := range tp.w.tables {
+		for _, q := range a.Actives[t.state.Topic()] {
+			p := tp.parts[restoreKey{t.def.Name(), q}]
+			if p == nil || p.gate == nil {
+				return false
+			}
+			select {
+			case <-p.gate.done:
+				if p.gate.err != nil {
+					return false
+				}
+			default:
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// stop ends every follower and waits for them.
+func (tp *tableParts) stop() {
+	tp.mu.Lock()
+	for _, p := range tp.parts {
+		if p.stopFollow != nil {
+			p.stopFollow()
+			p.stopFollow = nil
+		}
+	}
+	tp.mu.Unlock()
+	tp.bg.Wait()
+}
+
+// claimContext returns the context of one claim: it ends with the session or
+// when an assignment no longer holds the partition (the cooperative protocol
+// revokes single partitions inside a session: sarama then closes the claim's
+// Messages channel and waits for ConsumeClaim to return). done unregisters it.
+func (w *Worker) claimContext(sess sarama.ConsumerGroupSession, topic string, p int32) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(sess.Context())
+	k := restoreKey{topic, p}
+	w.mu.Lock()
+	if w.claims == nil {
+		w.claims = map[restoreKey]context.CancelFunc{}
+	}
+	w.claims[k] = cancel
+	revoked := w.assignment.Actives != nil && !slices.Contains(w.assignment.Actives[topic], p)
+	w.mu.Unlock()
+	if revoked {
+		cancel()
+	}
+	return ctx, func() {
+		w.mu.Lock()
+		delete(w.claims, k)
+		w.mu.Unlock()
+		cancel()
+	}
+}
+
+// WithRebalanceProtocol selects the consumer-group rebalance protocol:
+// sarama.RebalanceProtocolCooperative (the default; incremental, KIP-429: only
+// partitions that move stop, each revoked in one generation and assigned in
+// the next) or sarama.RebalanceProtocolEager (every member stops every
+// partition on each rebalance). All workers of an app must use the same one;
+// cooperative needs Kafka >= 2.4.
+func WithRebalanceProtocol(p sarama.RebalanceProtocol) Option {
+	return func(c *Config) { c.eager = p == sarama.RebalanceProtocolEager }
+}
+
+func (c Config) rebalanceProtocol() sarama.RebalanceProtocol {
+	if c.eager {
+		return sarama.RebalanceProtocolEager
+	}
+	return sarama.RebalanceProtocolCooperative
+}
+
+// Running reports what this worker runs right now: claims maps each source
+// topic to the partitions whose ConsumeClaim runs; followed maps each table
+// changelog topic to the partitions a standby follower tails. Tests compare
+// it with Assignment (actives and standbys plus warm-ups).
+func (w *Worker) Running() (claims, followed map[string][]int32) {
+	claims, followed = map[string][]int32{}, map[string][]int32{}
+	w.mu.Lock()
+	for k := range w.claims {
+		claims[k.table] = append(claims[k.table], k.p)
+	}
+	w.mu.Unlock()
+	if w.parts != nil {
+		w.parts.mu.Lock()
+		for k, p := range w.parts.parts {
+			if p.stopFollow != nil {
+				if t := w.tableByName(k.table); t != nil {
+					followed[t.state.Topic()] = append(followed[t.state.Topic()], k.p)
+				}
+			}
+		}
+		w.parts.mu.Unlock()
+	}
+	for _, m := range []map[string][]int32{claims, followed} {
+		for t := range m {
+			slices.Sort(m[t])
+		}
+	}
+	return claims, followed
 }

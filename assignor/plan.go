@@ -38,6 +38,10 @@ type Member struct {
 	// Offsets maps changelog topic -> partition -> the offset of the last record
 	// applied to the local store (-1 or absent: none).
 	Offsets map[string]map[int32]int64
+	// Owned maps topic -> partitions the member consumes right now (the
+	// OwnedPartitions of its JoinGroup subscription, KIP-429). Only read when
+	// Cluster.Cooperative is set; nil means PrevActives.
+	Owned map[string][]int32
 }
 
 // Cluster is the input of PlanAssignment.
@@ -66,6 +70,12 @@ type Cluster struct {
 	// MaxWarmupReplicas is KIP-441's max.warmup.replicas; 0 means
 	// DefaultMaxWarmupReplicas.
 	MaxWarmupReplicas int
+	// Cooperative plans for the incremental rebalance protocol (KIP-429): a
+	// task whose planned member differs from a member that owns it now is
+	// withheld (MemberPlan.Pending of the planned member, nobody's active) so
+	// that the owner revokes it in this generation and the planned member gets
+	// it in the next one. Tasks that do not move are never withheld.
+	Cooperative bool
 }
 
 // MemberPlan is one member's share of a Plan. Every map is topic -> sorted
@@ -82,6 +92,11 @@ type MemberPlan struct {
 	Warmups map[string][]int32
 	// Globals are all partitions of every global-table changelog.
 	Globals map[string][]int32
+	// Pending (Cluster.Cooperative only) are the actives planned for this
+	// member but withheld in this generation because another member still
+	// owns them; the member reports them as previous actives in its next
+	// subscription, which makes the follow-up plan give them to it.
+	Pending map[string][]int32
 }
 
 // Plan is the output of PlanAssignment.
@@ -91,6 +106,10 @@ type Plan struct {
 	// URLs maps topic -> partition -> URL of the member holding the active, for
 	// source and co-partitioned changelog topics.
 	URLs map[string]map[int32]string
+	// Withheld (Cluster.Cooperative only) is the number of tasks (co-partitioned
+	// partitions) revoked from their owner and withheld in this plan; a
+	// follow-up rebalance assigns them.
+	Withheld int
 	// NeedsProbe reports that some active was kept away from its balanced target
 	// because the target is not caught up (KIP-441): the group should rebalance
 	// again after the probing interval.
@@ -126,6 +145,7 @@ type planner struct {
 	standby  [][]int
 	sload    []int
 	warm     [][]int
+	withheld []bool
 	caughtUp func(m, t int) bool
 }
 
@@ -139,17 +159,20 @@ type planner struct {
 //     topic name) with its partition count, or forms its own group over all
 //     members. Each (group, partition) is a task.
 //  2. Every member keeps its previous actives up to ceil(T/N) tasks.
-//  3. Orphaned tasks go to a member holding local state (standby) when a
-//     maximum matching allows, first without moving kept tasks, then moving
-//     kept tasks only onto their own standby holders (augmenting paths).
+//  3. Orphaned tasks go to a member holding local state (standby) with room
+//     (floor, then ceil); every orphan whose previous owner left then goes to
+//     its least-loaded state holder even above capacity (promotion first).
 //  4. Remaining orphans go to the least-loaded eligible member.
-//  5. While max-min load > 1, one task moves from a most-loaded to a
-//     least-loaded member, preferring tasks the receiver holds state for.
+//  5. While max-min load > 1, tasks move from a most-loaded to a least-loaded
+//     member: chains of moves onto state holders first, else one direct move
+//     that takes a promoted orphan only as a last resort.
 //  6. Standbys per stateful task: keep previous holders (the displaced active
 //     first), fill from the members with fewest standbys, then balance.
 //  7. KIP-441: an active whose target member lags by more than
 //     AcceptableRecoveryLag stays on (or moves to) a caught-up member, and the
 //     target gets a warm-up (at most MaxWarmupReplicas); NeedsProbe is set.
+//  8. Cooperative (KIP-429): a task moving away from a member that owns it
+//     now is withheld (MemberPlan.Pending) until the owner revoked it.
 //
 // Errors: duplicate or empty member IDs, negative partition counts.
 func PlanAssignment(c Cluster) (Plan, error) {
@@ -187,6 +210,9 @@ func PlanAssignment(c Cluster) (Plan, error) {
 	p.assignActives()
 	p.assignStandbys()
 	needsProbe := p.lagAware()
+	if c.Cooperative {
+		p.withhold()
+	}
 	return p.output(needsProbe), nil
 }
 
@@ -436,10 +462,11 @@ func (p *planner) assignActives() {
 	}
 	// Passes: first up to floor(T/N) per member, then up to ceil(T/N) for at
 	// most T mod N members (so the result is balanced without moving a
-	// promoted task again); each first without moving kept tasks.
+	// promoted task again). Kept tasks do not move here: augmenting paths
+	// through them moved many partitions (bench TestAssignorMoves).
 	floor, extra := nt/n, nt%n
 	placedHere := make([]bool, nt) // placed in this pass: free to move again
-	for _, pass := range []struct{ ceil, anyMove bool }{{false, false}, {false, true}, {true, false}, {true, true}} {
+	for _, pass := range []struct{ ceil, anyMove bool }{{false, false}, {true, false}} {
 		for _, t := range orphans {
 			if p.active[t] >= 0 || len(p.holders[t]) == 0 {
 				continue
@@ -467,6 +494,23 @@ func (p *planner) assignActives() {
 				}
 			}
 		}
+	}
+	// 3b. Promotion before balance: an orphan whose previous owner left goes
+	// to its least-loaded state holder even above capacity; balancing then
+	// moves other tasks (step 5 never moves a promoted task to a member
+	// without state while another task can go).
+	for _, t := range orphans {
+		if p.active[t] >= 0 || p.prevOwn[t] >= 0 || len(p.holders[t]) == 0 {
+			continue
+		}
+		best := -1
+		for _, h := range p.holders[t] {
+			if best < 0 || p.load[h] < p.load[best] {
+				best = h
+			}
+		}
+		p.active[t] = best
+		p.load[best]++
 	}
 	// 4. Remaining orphans to the least-loaded eligible member, preferring
 	// the one with the fewest tasks of the same group (per-group spread).
@@ -609,8 +653,13 @@ func (p *planner) balanceActives(gcount [][]int) {
 				continue
 			}
 			gi := p.taskG[t]
+			// Cost class: 0 the donor holds no state for t; 1 its own or
+			// state-backed task; 2 a promoted orphan (its previous owner
+			// left and the donor held its standby): moved last.
 			owned := 0
-			if p.prevOwn[t] == d {
+			if p.prevOwn[t] < 0 && p.isHolder(d, t) {
+				owned = 2
+			} else if p.prevOwn[t] == d || p.isHolder(d, t) {
 				owned = 1
 			}
 			st := 0
@@ -840,6 +889,23 @@ func (p *planner) lagAware() bool {
 	return probe
 }
 
+// withhold marks the tasks that move away from a member owning them now
+// (KIP-429 two-phase move: revoke in this generation, assign in the next).
+func (p *planner) withhold() {
+	p.withheld = make([]bool, len(p.taskG))
+	for m, mem := range p.members {
+		owned := mem.Owned
+		if owned == nil {
+			owned = mem.PrevActives
+		}
+		for _, t := range p.tasksOf(owned) {
+			if p.active[t] >= 0 && p.active[t] != m {
+				p.withheld[t] = true
+			}
+		}
+	}
+}
+
 func addTP(m map[string][]int32, topic string, q int32) {
 	m[topic] = append(m[topic], q)
 }
@@ -848,19 +914,24 @@ func (p *planner) output(needsProbe bool) Plan {
 	plan := Plan{Members: make(map[string]MemberPlan, len(p.members)), URLs: map[string]map[int32]string{}, NeedsProbe: needsProbe}
 	mps := make([]MemberPlan, len(p.members))
 	for i := range mps {
-		mps[i] = MemberPlan{Actives: map[string][]int32{}, Standbys: map[string][]int32{}, Warmups: map[string][]int32{}, Globals: map[string][]int32{}}
+		mps[i] = MemberPlan{Actives: map[string][]int32{}, Standbys: map[string][]int32{}, Warmups: map[string][]int32{}, Globals: map[string][]int32{}, Pending: map[string][]int32{}}
 	}
 	// Tasks are visited in (group, partition) order, so every slice is sorted.
 	for t := range p.taskG {
 		g := p.groups[p.taskG[t]]
 		q := p.taskP[t]
 		a := p.active[t]
+		actives := mps[a].Actives
+		if p.withheld != nil && p.withheld[t] {
+			actives = mps[a].Pending
+			plan.Withheld++
+		}
 		for _, topic := range g.sources {
-			addTP(mps[a].Actives, topic, q)
+			addTP(actives, topic, q)
 		}
 		for _, topic := range g.changelogs {
 			if !slices.Contains(g.sources, topic) {
-				addTP(mps[a].Actives, topic, q)
+				addTP(actives, topic, q)
 			}
 			for _, s := range p.standby[t] {
 				addTP(mps[s].Standbys, topic, q)

@@ -37,6 +37,13 @@ type Config struct {
 	// ProbingRebalanceInterval is how long the leader waits after a plan with
 	// warm-ups before it asks for a rebalance; 0 means 10 minutes.
 	ProbingRebalanceInterval time.Duration
+	// Protocol is the rebalance protocol the Strategy announces:
+	// sarama.RebalanceProtocolCooperative (incremental, KIP-429: partitions
+	// that do not move keep running; a moving partition is revoked in one
+	// generation and assigned in the next) or sarama.RebalanceProtocolEager
+	// (the zero value: every member revokes everything on each rebalance).
+	// Every member of a group must use the same protocol.
+	Protocol sarama.RebalanceProtocol
 	// ProcessID and URL identify this member (URL serves interactive queries).
 	ProcessID, URL string
 	// Offsets returns changelog topic -> partition -> last locally applied
@@ -63,6 +70,10 @@ type Assignment struct {
 	// partitions; Standbys and Warmups are changelog partitions to replicate;
 	// Globals are all partitions of the global-table changelogs.
 	Actives, Standbys, Warmups, Globals map[string][]int32
+	// Pending (cooperative protocol) are actives planned for this member but
+	// withheld until their current owner revoked them; the next generation
+	// assigns them.
+	Pending map[string][]int32
 	// URLs maps topic -> partition -> URL of the member holding the active.
 	URLs map[string]map[int32]string
 }
@@ -118,10 +129,12 @@ func NewStrategy(cfg Config) *Strategy {
 // Name implements sarama.BalanceStrategy; it returns "runnel".
 func (s *Strategy) Name() string { return StrategyName }
 
-// SupportedProtocols implements sarama.RebalanceProtocolBalanceStrategy. Only
-// the eager protocol is supported: every member revokes all partitions on a
-// rebalance.
+// SupportedProtocols implements sarama.RebalanceProtocolBalanceStrategy: the
+// configured protocol only (Config.Protocol), so that sarama runs exactly it.
 func (s *Strategy) SupportedProtocols() []sarama.RebalanceProtocol {
+	if s.cfg.Protocol == sarama.RebalanceProtocolCooperative {
+		return []sarama.RebalanceProtocol{sarama.RebalanceProtocolCooperative}
+	}
 	return []sarama.RebalanceProtocol{sarama.RebalanceProtocolEager}
 }
 
@@ -144,6 +157,12 @@ func (s *Strategy) SubscriptionUserData(topics []string) ([]byte, error) {
 	s.mu.Lock()
 	cur := s.cur
 	s.mu.Unlock()
+	// Pending actives are reported as actives: the leader keeps them on this
+	// member (they were planned here; their old owner has revoked them).
+	actives := cloneTP(cur.Actives)
+	for t, ps := range cur.Pending {
+		actives[t] = append(actives[t], ps...)
+	}
 	standbys := map[string][]int32{}
 	for t, ps := range cur.Standbys {
 		standbys[t] = append(standbys[t], ps...)
@@ -160,7 +179,7 @@ func (s *Strategy) SubscriptionUserData(topics []string) ([]byte, error) {
 		ProcessID:    s.cfg.ProcessID,
 		URL:          s.cfg.URL,
 		Generation:   cur.Generation,
-		PrevActives:  cur.Actives,
+		PrevActives:  actives,
 		PrevStandbys: standbys,
 		Offsets:      offsets,
 	}), nil
@@ -177,6 +196,7 @@ func (s *Strategy) Plan(members map[string]sarama.ConsumerGroupMemberMetadata, t
 		Replicas:              s.cfg.Replicas,
 		AcceptableRecoveryLag: s.cfg.AcceptableRecoveryLag,
 		MaxWarmupReplicas:     s.cfg.MaxWarmupReplicas,
+		Cooperative:           s.cfg.Protocol == sarama.RebalanceProtocolCooperative,
 	}
 	for t, ps := range topics {
 		c.Topics[t] = int32(len(ps))
@@ -186,6 +206,16 @@ func (s *Strategy) Plan(members map[string]sarama.ConsumerGroupMemberMetadata, t
 	for _, id := range ids {
 		meta := members[id]
 		m := Member{ID: id, Topics: meta.Topics, Generation: -1}
+		if c.Cooperative {
+			// KIP-429: what the member consumes now, from the JoinGroup
+			// subscription (sarama sends its held claims).
+			m.Owned = map[string][]int32{}
+			for _, op := range meta.OwnedPartitions {
+				if op != nil {
+					m.Owned[op.Topic] = append(m.Owned[op.Topic], op.Partitions...)
+				}
+			}
+		}
 		if len(meta.UserData) > 0 {
 			sub, err := decodeSubscription(meta.UserData)
 			if err != nil {
@@ -221,14 +251,14 @@ func (s *Strategy) Plan(members map[string]sarama.ConsumerGroupMemberMetadata, t
 		planned[id] = assignmentData{
 			MemberID: id, LeaderID: leaderID, Probe: plan.NeedsProbe,
 			Actives: mp.Actives, Standbys: mp.Standbys, Warmups: mp.Warmups, Globals: mp.Globals,
-			URLs: plan.URLs,
+			URLs: plan.URLs, Pending: mp.Pending,
 		}
 	}
 	s.mu.Lock()
 	s.planned = planned
 	s.planProbe = plan.NeedsProbe
 	s.mu.Unlock()
-	s.log.Debug("runnel assignor planned", "members", len(ids), "probe", plan.NeedsProbe)
+	s.log.Debug("runnel assignor planned", "members", len(ids), "probe", plan.NeedsProbe, "withheld", plan.Withheld)
 	return out, nil
 }
 
@@ -266,7 +296,7 @@ func (s *Strategy) OnAssignment(assignment *sarama.ConsumerGroupMemberAssignment
 			Generation: generationID, MemberID: data.MemberID, LeaderID: data.LeaderID,
 			Leader:  data.LeaderID != "" && data.LeaderID == data.MemberID,
 			Actives: data.Actives, Standbys: data.Standbys, Warmups: data.Warmups, Globals: data.Globals,
-			URLs: data.URLs,
+			URLs: data.URLs, Pending: data.Pending,
 		}
 	}
 	s.mu.Lock()
@@ -299,6 +329,7 @@ func cloneTP(m map[string][]int32) map[string][]int32 {
 
 func cloneAssignment(a Assignment) Assignment {
 	a.Actives, a.Standbys, a.Warmups, a.Globals = cloneTP(a.Actives), cloneTP(a.Standbys), cloneTP(a.Warmups), cloneTP(a.Globals)
+	a.Pending = cloneTP(a.Pending)
 	urls := make(map[string]map[int32]string, len(a.URLs))
 	for t, m := range a.URLs {
 		urls[t] = maps.Clone(m)

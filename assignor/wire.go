@@ -31,7 +31,13 @@ import (
 //	topicmap actives, standbys, warmups, globals,
 //	uvarint urlCount, string url..., uvarint topics,
 //	then (string topic, uvarint partitions, then per partition uvarint (url index + 1, 0 none))
-const wireVersion = 1
+//
+// Assignment v2 appends: topicmap pending (actives withheld until the owner
+// revoked them, cooperative protocol).
+const (
+	subscriptionVersion = 1
+	assignmentVersion   = 2
+)
 
 // ErrMalformed is wrapped by every decoding error of the Runnel user data.
 var ErrMalformed = errors.New("malformed runnel assignor user data")
@@ -52,6 +58,7 @@ type assignmentData struct {
 	Probe                               bool
 	Actives, Standbys, Warmups, Globals map[string][]int32
 	URLs                                map[string]map[int32]string
+	Pending                             map[string][]int32 // v2
 }
 
 type encoder struct{ b []byte }
@@ -196,14 +203,16 @@ func (d *decoder) version() byte {
 	return v
 }
 
-func (d *decoder) end(v byte) {
-	if d.err == nil && v == wireVersion && len(d.b) != 0 {
+// end rejects trailing bytes after a payload of version known, the newest
+// version this decoder reads.
+func (d *decoder) end(v, known byte) {
+	if d.err == nil && v == known && len(d.b) != 0 {
 		d.fail(fmt.Sprintf("%d trailing bytes", len(d.b)))
 	}
 }
 
 func encodeSubscription(s subscription) []byte {
-	e := &encoder{b: []byte{wireVersion}}
+	e := &encoder{b: []byte{subscriptionVersion}}
 	e.uvarint(s.Instance)
 	e.str(s.ProcessID)
 	e.str(s.URL)
@@ -260,7 +269,7 @@ func decodeSubscription(b []byte) (subscription, error) {
 		}
 		s.Offsets[t] = m
 	}
-	d.end(v)
+	d.end(v, subscriptionVersion)
 	if d.err != nil {
 		return subscription{}, fmt.Errorf("decode subscription: %w", d.err)
 	}
@@ -268,7 +277,7 @@ func decodeSubscription(b []byte) (subscription, error) {
 }
 
 func encodeAssignment(a assignmentData) []byte {
-	e := &encoder{b: []byte{wireVersion}}
+	e := &encoder{b: []byte{assignmentVersion}}
 	e.varint(int64(a.Generation))
 	e.str(a.MemberID)
 	e.str(a.LeaderID)
@@ -316,6 +325,7 @@ func encodeAssignment(a assignmentData) []byte {
 			}
 		}
 	}
+	e.topicMap(a.Pending)
 	return e.b
 }
 
@@ -359,7 +369,10 @@ func decodeAssignment(b []byte) (assignmentData, error) {
 		}
 		a.URLs[t] = m
 	}
-	d.end(v)
+	if v >= 2 {
+		a.Pending = d.topicMap("pending")
+	}
+	d.end(v, assignmentVersion)
 	if d.err != nil {
 		return assignmentData{}, fmt.Errorf("decode assignment: %w", d.err)
 	}

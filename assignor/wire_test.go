@@ -24,6 +24,7 @@ func sampleAssignment() assignmentData {
 		Warmups:  map[string][]int32{"cl": {2}},
 		Globals:  map[string][]int32{"g": {0, 1, 2}},
 		URLs:     map[string]map[int32]string{"src": {0: "http://a", 1: "http://b", 5: "http://a"}},
+		Pending:  map[string][]int32{"src": {3}, "cl": {3}},
 	}
 }
 
@@ -45,7 +46,7 @@ func TestWireRoundTrip(t *testing.T) {
 // A newer version appends fields: this decoder reads what it knows.
 func TestWireFutureVersion(t *testing.T) {
 	b := encodeSubscription(sampleSubscription())
-	b[0] = wireVersion + 1
+	b[0] = subscriptionVersion + 1
 	b = append(b, 0xde, 0xad, 0xbe, 0xef)
 	got, err := decodeSubscription(b)
 	if err != nil || !reflect.DeepEqual(got, sampleSubscription()) {
@@ -102,4 +103,23 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A version 1 assignment (no pending field) still decodes; a version 2
+// decoder rejects trailing bytes after the pending field.
+func TestWireAssignmentV1(t *testing.T) {
+	a := sampleAssignment()
+	a.Pending = nil
+	b := encodeAssignment(a)
+	if b[0] != 2 || b[len(b)-1] != 0 {
+		t.Fatalf("v2 assignment should end with an empty pending map: %x", b)
+	}
+	v1 := append([]byte{1}, b[1:len(b)-1]...)
+	got, err := decodeAssignment(v1)
+	if err != nil || got.Pending != nil || !reflect.DeepEqual(got.Actives, a.Actives) || !reflect.DeepEqual(got.URLs, a.URLs) {
+		t.Fatalf("v1 assignment: %+v %v", got, err)
+	}
+	if _, err := decodeAssignment(append(b, 0)); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("trailing byte on v2: %v", err)
+	}
 }

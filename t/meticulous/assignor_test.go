@@ -13,7 +13,7 @@ import (
 	"pgregory.net/rapid"
 )
 
-type promotionStats struct{ promoted, orphansWithHolder int }
+type promotionStats struct{ promoted, orphansWithHolder, stateless int }
 
 var stats promotionStats
 
@@ -246,8 +246,8 @@ func (w *world) checkDeterministicIdempotent(t *rapid.T, c assignor.Cluster, p a
 func TestAssignmentProperties(t *testing.T) {
 	stats = promotionStats{}
 	defer func() {
-		t.Logf("promotions: %d of %d orphaned stateful actives with a surviving standby holder went to one",
-			stats.promoted, stats.orphansWithHolder)
+		t.Logf("promotions: %d of %d orphaned stateful actives with a surviving standby holder went to one; %d survivor actives moved without state to rebalance",
+			stats.promoted, stats.orphansWithHolder, stats.stateless)
 	}()
 	rapid.Check(t, func(t *rapid.T) {
 		w := genWorld(t)
@@ -324,13 +324,14 @@ func (w *world) checkAdded(t *rapid.T, prev []map[int32]string, p assignor.Plan,
 	}
 }
 
-// checkRemoved: survivors keep their actives except to make room for a
-// promotion, in which case the active moves to its own standby holder; each
-// active of a removed member goes to a surviving standby holder when one
-// exists.
+// checkRemoved: every active of a removed member goes to a surviving standby
+// holder whenever one exists (promotion first, DESIGN.md §4); survivors keep
+// their actives except to make room: an active moves to its own standby
+// holder, or (to restore balance after promotions) to a member without state,
+// and there are never more such stateless moves than promotions.
 func (w *world) checkRemoved(t *rapid.T, prev []map[int32]string, prevPlan, p assignor.Plan, gone map[string]bool) {
 	now := w.owners(p)
-	l := w.load(p)
+	promotions, stateless := 0, 0
 	for g := range w.groups {
 		cl := w.changelog[g]
 		for q, was := range prev[g] {
@@ -341,32 +342,32 @@ func (w *world) checkRemoved(t *rapid.T, prev []map[int32]string, prevPlan, p as
 			hadStandby := cl != "" && slices.Contains(prevPlan.Members[owner].Standbys[cl], q)
 			if !gone[was] {
 				if !hadStandby {
-					t.Fatalf("survivor %s lost group %d partition %d to %s (no standby there)", was, g, q, owner)
+					stateless++
 				}
 				continue
 			}
 			if cl == "" {
 				continue
 			}
-			holderExists := false
+			holder := ""
 			for _, m := range w.members {
 				if slices.Contains(prevPlan.Members[m.ID].Standbys[cl], q) {
-					holderExists = true
-					// Balance comes first: a promotion may be lost only when
-					// moving the task to the holder would unbalance the plan.
-					if !hadStandby && l[m.ID] < l[owner] {
-						t.Fatalf("%s[%d] of removed %s went to %s (load %d) without state while %s (load %d) held a standby",
-							cl, q, was, owner, l[owner], m.ID, l[m.ID])
-					}
+					holder = m.ID
 				}
 			}
-			if holderExists {
+			if holder != "" {
 				stats.orphansWithHolder++
-				if hadStandby {
-					stats.promoted++
+				if !hadStandby {
+					t.Fatalf("%s[%d] of removed %s went to %s without state while %s held a standby", cl, q, was, owner, holder)
 				}
+				stats.promoted++
+				promotions++
 			}
 		}
+	}
+	stats.stateless += stateless
+	if stateless > promotions {
+		t.Fatalf("%d survivor actives moved to members without state, only %d promotions", stateless, promotions)
 	}
 }
 
@@ -454,6 +455,117 @@ func TestLagRule(t *testing.T) {
 		}
 		if warmups > 0 && !p.NeedsProbe {
 			t.Fatal("warm-ups without NeedsProbe")
+		}
+	})
+}
+
+// union returns a ∪ b as topic -> sorted partitions.
+func union(a, b map[string][]int32) map[string][]int32 {
+	out := map[string][]int32{}
+	for _, m := range []map[string][]int32{a, b} {
+		for t, ps := range m {
+			out[t] = append(out[t], ps...)
+		}
+	}
+	for t := range out {
+		slices.Sort(out[t])
+		out[t] = slices.Compact(out[t])
+		if len(out[t]) == 0 {
+			delete(out, t)
+		}
+	}
+	return out
+}
+
+func nonEmpty(m map[string][]int32) map[string][]int32 { return union(m, nil) }
+
+// TestCooperativeTwoPhase (KIP-429): after every membership change, the
+// cooperative plan gives a member only partitions it owns already or that no
+// member owns (so no partition is ever owned by two members in one
+// generation: the owner revokes, then the follow-up plan assigns); its target
+// (actives plus pending) equals the eager plan; the follow-up plan, with
+// the members reporting their pending actives, assigns exactly the target and
+// withholds nothing.
+func TestCooperativeTwoPhase(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		w := genWorld(t)
+		c := w.cluster()
+		c.Cooperative = true
+		p := plan(t, c)
+		if p.Withheld != 0 {
+			t.Fatalf("fresh plan withheld %d", p.Withheld)
+		}
+		w.apply(p)
+		owned := func() map[string]map[string][]int32 { // member -> topic -> partitions it runs
+			out := map[string]map[string][]int32{}
+			for _, m := range w.members {
+				out[m.ID] = m.PrevActives
+			}
+			return out
+		}
+		for step := range rapid.IntRange(1, 4).Draw(t, "steps") {
+			if op := rapid.SampledFrom([]string{"add", "remove"}).Draw(t, fmt.Sprintf("op%d", step)); op == "add" || len(w.members) == 1 {
+				w.add(rapid.IntRange(1, 8).Draw(t, fmt.Sprintf("add%d", step)))
+			} else {
+				k := rapid.IntRange(1, len(w.members)-1).Draw(t, fmt.Sprintf("remove%d", step))
+				w.members = w.members[k:]
+			}
+			own := owned()
+			c = w.cluster()
+			eager := plan(t, c)
+			for i := range c.Members {
+				c.Members[i].Owned = own[c.Members[i].ID]
+			}
+			c.Cooperative = true
+			p1 := plan(t, c)
+			withheld := 0
+			for id, mp := range p1.Members {
+				for topic, ps := range mp.Actives {
+					for _, q := range ps {
+						for other, o := range own {
+							if other != id && slices.Contains(o[topic], q) {
+								t.Fatalf("%s[%d] given to %s while %s owns it", topic, q, id, other)
+							}
+						}
+					}
+				}
+				if !reflect.DeepEqual(union(mp.Actives, mp.Pending), nonEmpty(eager.Members[id].Actives)) {
+					t.Fatalf("%s: cooperative target %v+%v, eager %v", id, mp.Actives, mp.Pending, eager.Members[id].Actives)
+				}
+				for _, ps := range mp.Pending {
+					withheld += len(ps)
+				}
+				if !reflect.DeepEqual(mp.Standbys, eager.Members[id].Standbys) {
+					t.Fatalf("%s: cooperative standbys %v, eager %v", id, mp.Standbys, eager.Members[id].Standbys)
+				}
+			}
+			if (withheld == 0) != (p1.Withheld == 0) {
+				t.Fatalf("Withheld %d, pending partitions %d", p1.Withheld, withheld)
+			}
+			// Generation g+1: members run p1's actives (owners revoked what
+			// they lost) and report pending as previous actives.
+			for i := range w.members {
+				mp := p1.Members[w.members[i].ID]
+				w.members[i].PrevActives = union(mp.Actives, mp.Pending)
+				w.members[i].PrevStandbys = union(mp.Standbys, mp.Warmups)
+				w.members[i].Generation++
+			}
+			c2 := w.cluster()
+			c2.Cooperative = true
+			for i := range c2.Members {
+				c2.Members[i].Owned = p1.Members[c2.Members[i].ID].Actives
+			}
+			p2 := plan(t, c2)
+			if p2.Withheld != 0 {
+				t.Fatalf("follow-up plan withheld %d", p2.Withheld)
+			}
+			for id, mp := range p2.Members {
+				if !reflect.DeepEqual(nonEmpty(mp.Actives), nonEmpty(eager.Members[id].Actives)) {
+					t.Fatalf("%s: follow-up actives %v, target %v", id, mp.Actives, eager.Members[id].Actives)
+				}
+			}
+			w.checkValid(t, p2, false)
+			w.apply(p2)
 		}
 	})
 }
