@@ -11,6 +11,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/agent/source"
+	"github.com/runnel-dev/runnel/changelog"
 )
 
 // handler is the sarama.ConsumerGroupHandler of a worker: one generation's
@@ -50,15 +51,19 @@ func (h *handler) Setup(sess sarama.ConsumerGroupSession) error {
 
 	// A partition stays writable only while it is active; it becomes writable
 	// again after its restore in ConsumeClaim.
+	var follow []changelog.Option
 	for _, t := range w.tables {
 		for p := int32(0); p < t.parts; p++ {
 			t.state.SetActive(p, false)
 		}
 		for _, p := range a.Standbys[t.state.Topic()] {
+			if follow == nil {
+				follow = w.followOptions(ctx, &h.bg)
+			}
 			h.bg.Add(1)
 			go func() {
 				defer h.bg.Done()
-				if err := w.restorer.Follow(ctx, t.state.Topic(), p, t.store); err != nil {
+				if err := w.restorer.Follow(ctx, t.state.Topic(), p, t.store, follow...); err != nil {
 					w.log.Warn("standby stopped", "table", t.def.Name(), "partition", p, "err", err)
 				}
 			}()
@@ -124,7 +129,12 @@ func (h *handler) restore(ctx context.Context, topic string, p int32) error {
 		h.mu.Unlock()
 		g.once.Do(func() {
 			defer close(g.done)
-			res, err := w.restorer.Restore(ctx, t.state.Topic(), p, t.store)
+			opts, err := w.restoreOptions()
+			if err != nil {
+				g.err = err
+				return
+			}
+			res, err := w.restorer.Restore(ctx, t.state.Topic(), p, t.store, opts...)
 			if err != nil {
 				g.err = err
 				return

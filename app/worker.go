@@ -62,6 +62,10 @@ type Worker struct {
 	ready      bool                // every active partition restored; guarded by mu
 
 	restored atomic.Int64 // changelog records replayed by active restores
+
+	adminOnce sync.Once // builds admin (tables_committed.go)
+	admin     sarama.ClusterAdmin
+	adminErr  error
 }
 
 type tableRuntime struct {
@@ -228,6 +232,13 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 				}
 			})
 	}
+	sendChangelog := func(topic string, p int32, key, value []byte, hs []table.Header, done func(int64, error)) error {
+		m := &sarama.ProducerMessage{Topic: topic, Partition: p, Key: bytesOrNil(key), Value: bytesOrNil(value)}
+		for _, h := range hs {
+			m.Headers = append(m.Headers, sarama.RecordHeader{Key: h.Key, Value: h.Value})
+		}
+		return w.producer.Send(m, func(_ int32, off int64, err error) { done(off, err) })
+	}
 	consumer, err := sarama.NewConsumerFromClient(w.client)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
@@ -249,7 +260,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 			return fmt.Errorf("open store of table %s: %w", tt.Name, err)
 		}
 		closers = append(closers, st.Close)
-		rt := &tableRuntime{def: def, parts: tt.Partitions, store: st, state: table.NewState(def, tt.Partitions, st, send)}
+		rt := &tableRuntime{def: def, parts: tt.Partitions, store: st, state: table.NewState(def, tt.Partitions, st, sendChangelog)}
 		w.tables = append(w.tables, rt)
 	}
 	w.env = &table.Env{States: map[string]*table.State{}, Send: send}
