@@ -43,22 +43,46 @@ func (w *Worker) committedOffsets() (map[string]map[int32]int64, error) {
 	if w.adminErr != nil {
 		return nil, fmt.Errorf("committed offsets: %w", w.adminErr)
 	}
-	resp, err := w.admin.ListConsumerGroupOffsets(w.app.id, req)
-	if err != nil {
-		return nil, fmt.Errorf("committed offsets of group %s: %w", w.app.id, err)
-	}
-	for topic, ps := range req {
-		m := map[int32]int64{}
-		for _, p := range ps {
-			off := int64(0)
-			if b := resp.GetBlock(topic, p); b != nil && b.Err == sarama.ErrNoError && b.Offset >= 0 {
-				off = b.Offset
-			}
-			m[p] = off
+	// A partition answered with an error (a rebalance in progress, an unstable
+	// offset under KIP-447) must not be read as "nothing committed": that would
+	// skip every changelog record derived from it. Retry, then fail.
+	var lastErr error
+	for attempt := 0; attempt < 20; attempt++ {
+		if attempt > 0 {
+			time.Sleep(200 * time.Millisecond)
 		}
-		out[topic] = m
+		resp, err := w.admin.ListConsumerGroupOffsets(w.app.id, req)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		if resp.Err != sarama.ErrNoError {
+			lastErr = resp.Err
+			continue
+		}
+		lastErr = nil
+		for topic, ps := range req {
+			m := map[int32]int64{}
+			for _, p := range ps {
+				b := resp.GetBlock(topic, p)
+				switch {
+				case b == nil:
+					lastErr = fmt.Errorf("%s[%d]: no answer", topic, p)
+				case b.Err != sarama.ErrNoError:
+					lastErr = fmt.Errorf("%s[%d]: %w", topic, p, b.Err)
+				case b.Offset >= 0:
+					m[p] = b.Offset
+				default:
+					m[p] = 0
+				}
+			}
+			out[topic] = m
+		}
+		if lastErr == nil {
+			return out, nil
+		}
 	}
-	return out, nil
+	return nil, fmt.Errorf("committed offsets of group %s: %w", w.app.id, lastErr)
 }
 
 // committedFunc turns a committed-offsets map into a changelog.CommittedFunc:

@@ -18,11 +18,15 @@ import (
 func Topic(app, table string) string { return app + "-" + table + "-changelog" }
 
 // Spec returns the topic spec of a changelog: compacted (the latest value per
-// key is the table), with the table's partition count. extra overrides or adds
+// key is the table), with the table's partition count, and
+// min.compaction.lag.ms = 10 minutes (KIP-58): a record stays uncompacted that
+// long, so a changelog record whose source offset is not yet committed cannot
+// make the cleaner drop the committed value it supersedes before a restore
+// skips it (SkipUncommitted; docs/tables.md). extra overrides or adds
 // topic configs (a windowed table sets "cleanup.policy" to "compact,delete" and
 // "retention.ms").
 func Spec(topic string, partitions int32, extra ...map[string]string) kafka.TopicSpec {
-	cfg := map[string]string{"cleanup.policy": "compact"}
+	cfg := map[string]string{"cleanup.policy": "compact", "min.compaction.lag.ms": "600000"}
 	for _, e := range extra {
 		maps.Copy(cfg, e)
 	}
