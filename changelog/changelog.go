@@ -143,7 +143,9 @@ type Restorer struct {
 	Client   sarama.Client
 	Consumer sarama.Consumer
 	Logger   *slog.Logger
-	// BatchSize is how many records one store batch holds at most; default 1000.
+	// BatchSize is how many records one store batch holds at most; default
+	// 5000 (restore of 100-byte values into Pebble: 362k records/s at 1000,
+	// 442k at 5000 on 2 cores; docs/tables.md).
 	BatchSize int
 	// ProgressInterval is how often a restore reports Progress to OnProgress and
 	// the log; default 5 s. A final report is always made.
@@ -436,7 +438,7 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 	defer func() { _ = pc.Close() }()
 	size := r.BatchSize
 	if size <= 0 {
-		size = 1000
+		size = 5000
 	}
 	interval := r.ProgressInterval
 	if interval <= 0 {
