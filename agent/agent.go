@@ -173,6 +173,12 @@ type Event[K any, V any] struct {
 // Env implements table.Event.
 func (e *Event[K, V]) Env() *table.Env { return e.env }
 
+// Origin implements table.Originator: the source record's topic, partition,
+// offset and timestamp.
+func (e *Event[K, V]) Origin() table.Origin {
+	return table.Origin{Topic: e.Record.Topic, Partition: e.Record.Partition, Offset: e.Record.Offset, Timestamp: e.Record.Timestamp}
+}
+
 // Partition is the record's partition.
 func (e *Event[K, V]) Partition() int32 { return e.Record.Partition }
 

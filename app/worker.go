@@ -68,6 +68,10 @@ type Worker struct {
 	restored     atomic.Int64 // changelog records replayed by active restores
 	restoredSpan atomic.Int64 // changelog offsets covered by active restores
 	fatal        fatalState   // agent.StopWorker errors end Run (redeliver.go)
+
+	adminOnce sync.Once // builds admin (tables_committed.go)
+	admin     sarama.ClusterAdmin
+	adminErr  error
 }
 
 type tableRuntime struct {
@@ -259,6 +263,13 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 				}
 			})
 	}
+	sendChangelog := func(topic string, p int32, key, value []byte, hs []table.Header, done func(int64, error)) error {
+		m := &sarama.ProducerMessage{Topic: topic, Partition: p, Key: bytesOrNil(key), Value: bytesOrNil(value)}
+		for _, h := range hs {
+			m.Headers = append(m.Headers, sarama.RecordHeader{Key: h.Key, Value: h.Value})
+		}
+		return w.producer.Send(m, func(_ int32, off int64, err error) { done(off, err) })
+	}
 	consumer, err := sarama.NewConsumerFromClient(w.client)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
@@ -280,7 +291,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 			return fmt.Errorf("open store of table %s: %w", tt.Name, err)
 		}
 		closers = append(closers, st.Close)
-		rt := &tableRuntime{def: def, parts: tt.Partitions, store: st, state: table.NewState(def, tt.Partitions, st, send)}
+		rt := &tableRuntime{def: def, parts: tt.Partitions, store: st, state: table.NewState(def, tt.Partitions, st, sendChangelog)}
 		w.tables = append(w.tables, rt)
 	}
 	w.parts = newTableParts(w, ctx)
@@ -502,11 +513,12 @@ func (tp *tableParts) startFollower(k restoreKey, p *tablePart) {
 	ctx, cancel := context.WithCancel(tp.ctx)
 	done := make(chan struct{})
 	p.stopFollow, p.followDone = cancel, done
+	follow := tp.w.followOptions(ctx, &tp.bg)
 	tp.bg.Add(1)
 	go func() {
 		defer tp.bg.Done()
 		defer close(done)
-		if err := tp.w.restorer.Follow(ctx, t.state.Topic(), k.p, t.store); err != nil {
+		if err := tp.w.restorer.Follow(ctx, t.state.Topic(), k.p, t.store, follow...); err != nil {
 			tp.w.log.Warn("standby stopped", "table", k.table, "partition", k.p, "err", err)
 		}
 	}()
@@ -563,7 +575,12 @@ func (tp *tableParts) acquire(ctx context.Context, k restoreKey) error {
 	w := tp.w
 	g.once.Do(func() {
 		defer close(g.done)
-		res, err := w.restorer.Restore(ctx, t.state.Topic(), k.p, t.store)
+		opts, err := w.restoreOptions()
+		if err != nil {
+			g.err = err
+			return
+		}
+		res, err := w.restorer.Restore(ctx, t.state.Topic(), k.p, t.store, opts...)
 		if err != nil {
 			g.err = err
 			return

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/runnel-dev/runnel/changelog"
 	"github.com/runnel-dev/runnel/codec"
@@ -209,6 +210,29 @@ var ErrNotActive = errors.New("partition is not active on this worker")
 // record (or after the event was resolved): it could not be bound to its event.
 var ErrOutsideWindow = errors.New("table write outside the event's window")
 
+// Origin is the source record an event carries: where it was read from and
+// its timestamp (event time).
+type Origin struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Timestamp time.Time
+}
+
+// Originator is implemented by events that know their source record
+// (agent.Event does). Table writes stamp it on their changelog records
+// (changelog.HeaderSource*), and windowed tables take event time from it.
+type Originator interface {
+	Origin() Origin
+}
+
+// Header is one record header.
+type Header struct{ Key, Value []byte }
+
+// ChangelogSendFunc produces one changelog record with headers to partition p
+// (value nil is a tombstone) and reports the broker's answer to done.
+type ChangelogSendFunc func(topic string, p int32, key, value []byte, headers []Header, done func(offset int64, err error)) error
+
 // SendFunc produces one changelog record to partition p (value nil is a
 // tombstone) and reports the broker's answer to done.
 type SendFunc func(topic string, p int32, key, value []byte, done func(offset int64, err error)) error
@@ -226,7 +250,7 @@ type State struct {
 	name, topic string
 	partitions  int32
 	store       stores.Store
-	send        SendFunc
+	send        ChangelogSendFunc
 
 	mu      sync.Mutex
 	seq     uint64                         // guarded by mu
@@ -241,7 +265,7 @@ type overlayed struct {
 }
 
 // NewState creates the runtime of table d with the given store and producer.
-func NewState(d Def, partitions int32, st stores.Store, send SendFunc) *State {
+func NewState(d Def, partitions int32, st stores.Store, send ChangelogSendFunc) *State {
 	return &State{name: d.Name(), topic: d.Changelog(), partitions: partitions, store: st, send: send,
 		overlay: map[int32]map[string]overlayed{}, active: map[int32]bool{}}
 }
@@ -303,7 +327,14 @@ func (s *State) write(ev Event, key, value []byte, del bool) error {
 	s.mu.Unlock()
 
 	kc := append([]byte(nil), key...)
-	err := s.send(s.topic, p, kc, value, func(offset int64, err error) {
+	var hs []Header
+	if o, ok := ev.(Originator); ok {
+		org := o.Origin()
+		for _, h := range (changelog.Source{Topic: org.Topic, Partition: org.Partition, Offset: org.Offset}).Headers() {
+			hs = append(hs, Header{Key: h[0], Value: h[1]})
+		}
+	}
+	err := s.send(s.topic, p, kc, value, hs, func(offset int64, err error) {
 		if err == nil {
 			b := &stores.Batch{Offset: offset}
 			if del {

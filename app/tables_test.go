@@ -1,0 +1,316 @@
+package app_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/app"
+	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/runnel-dev/runnel/internal/testbroker"
+	"github.com/runnel-dev/runnel/stores"
+	"github.com/runnel-dev/runnel/table"
+)
+
+const parts = 4
+
+// testLogger discards logs unless RUNNEL_TEST_LOG is set.
+func testLogger() *slog.Logger {
+	if os.Getenv("RUNNEL_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// countApp is a word-count app: records keyed by word, an agent that counts
+// them into a table; a value "del" deletes the word instead, and a value
+// "elsewhere:<key>" writes a key that belongs to another partition (the error
+// is recorded, the record otherwise succeeds).
+type countApp struct {
+	app    *app.App
+	words  *agent.Topic[string, string]
+	counts *table.Table[string, int64]
+	mu     sync.Mutex
+	errs   []error
+}
+
+func newCountApp(t *testing.T, id string, opts ...app.Option) *countApp {
+	t.Helper()
+	opts = append([]app.Option{
+		app.WithGroupTimeouts(testbroker.SessionTimeout, testbroker.HeartbeatInterval, testbroker.RebalanceTimeout, testbroker.MaxWaitTime),
+		app.WithCommitInterval(200 * time.Millisecond),
+		app.WithLogger(testLogger()),
+		app.WithTopicPrefix(id + "-"),
+	}, opts...)
+	c := &countApp{app: app.New(id, opts...)}
+	c.words = app.Topic(c.app, "words", codec.String(), codec.String(), app.Partitions(parts))
+	c.counts = table.New(c.app, "counts", codec.String(), codec.DecimalInt64())
+	agent.New(c.app, "count", c.words, func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for ev := range s.Events() {
+			switch {
+			case ev.Value == "del":
+				if err := c.counts.Delete(ev, ev.Key); err != nil {
+					return err
+				}
+			case len(ev.Value) > 10 && ev.Value[:10] == "elsewhere:":
+				err := c.counts.Set(ev, ev.Value[10:], 1)
+				c.mu.Lock()
+				c.errs = append(c.errs, err)
+				c.mu.Unlock()
+			default:
+				if _, err := c.counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
+					return err
+				}
+			}
+		}
+		return s.Err()
+	})
+	return c
+}
+
+type kv struct{ k, v string }
+
+// send produces records keyed by word to the partition murmur2 gives the key,
+// and returns their (partition, offset).
+func send(t *testing.T, brokers []string, topic string, recs ...kv) [][2]int64 {
+	t.Helper()
+	cfg := testbroker.SaramaConfig(t)
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	prod, err := sarama.NewSyncProducer(brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	var out [][2]int64
+	for _, r := range recs {
+		p := kafka.PartitionFor([]byte(r.k), parts)
+		_, off, err := prod.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: p, Key: sarama.StringEncoder(r.k), Value: sarama.StringEncoder(r.v)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, [2]int64{int64(p), off})
+	}
+	return out
+}
+
+// runWorker runs one worker, sends recs once the topic exists, waits until the
+// group has consumed everything, then stops the worker cleanly and returns it.
+func runWorker(t *testing.T, brokers []string, c *countApp, dir string, recs ...kv) *app.Worker {
+	t.Helper()
+	w, err := c.app.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	client := newClient(t, brokers)
+	waitTopic(t, client, c.words.Name())
+	send(t, brokers, c.words.Name(), recs...)
+	if err := app.WaitForLag0(ctx, client, c.app.ID(), []string{c.words.Name()}, 30*time.Second); err != nil {
+		cancel()
+		<-done
+		t.Fatal(err)
+	}
+	// Lag 0 alone does not mean the worker restored its tables (a worker with
+	// nothing to process reaches it at once).
+	for deadline := time.Now().Add(30 * time.Second); !w.Ready(); {
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			t.Fatal("worker never ready")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func newClient(t *testing.T, brokers []string) sarama.Client {
+	t.Helper()
+	client, err := sarama.NewClient(brokers, testbroker.SaramaConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	return client
+}
+
+func waitTopic(t *testing.T, client sarama.Client, topic string) {
+	t.Helper()
+	for i := 0; ; i++ {
+		if err := client.RefreshMetadata(topic); err == nil {
+			return
+		}
+		if i > 100 {
+			t.Fatalf("topic %s never created", topic)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// storeTable reads every partition of the worker's Pebble store of table.
+func storeTable(t *testing.T, dir, name string) map[string]string {
+	t.Helper()
+	st, err := stores.OpenPebble(filepath.Join(dir, "tables", name), stores.PebbleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	m := map[string]string{}
+	for p := int32(0); p < parts; p++ {
+		if err := st.Iterate(p, func(k, v []byte) error { m[string(k)] = string(v); return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return m
+}
+
+func wantCounts(t *testing.T, got map[string]string, want map[string]int) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("table has %d keys, want %d: %v", len(got), len(want), got)
+	}
+	for k, n := range want {
+		if got[k] != strconv.Itoa(n) {
+			t.Fatalf("count of %q = %q, want %d (table %v)", k, got[k], n, got)
+		}
+	}
+}
+
+// TestCrashAfterChangelogAckBeforeCommit simulates a worker that wrote and got
+// acknowledged the changelog records of source records whose offsets it never
+// committed (killed between the ack and the commit), and had applied them to
+// its store. The restarted worker must not count them: it reprocesses those
+// source records, and the counts come out exact.
+func TestCrashAfterChangelogAckBeforeCommit(t *testing.T) {
+	brokers := testbroker.Brokers(t)
+	id := testbroker.Topic(t, "app")
+	c := newCountApp(t, id)
+	dir := t.TempDir()
+	words := []string{"alpha", "beta", "gamma", "delta", "epsilon", "zeta"}
+	var first []kv
+	for _, w := range words {
+		first = append(first, kv{w, "x"})
+	}
+	// Phase 1: a clean run counts every word once and commits.
+	runWorker(t, brokers, c, dir, first...)
+	wantCounts(t, storeTable(t, dir, "counts"), map[string]int{"alpha": 1, "beta": 1, "gamma": 1, "delta": 1, "epsilon": 1, "zeta": 1})
+
+	// Phase 2, the crash: the source gets one more record per word; the
+	// crashed worker had processed them, produced its changelog records (acked)
+	// and applied them to its store, but never committed the source offsets.
+	at := send(t, brokers, c.words.Name(), first...)
+	cfg := testbroker.SaramaConfig(t)
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	cfg.Producer.Flush.Messages = len(words) // one request, one batch per partition
+	cfg.Producer.Flush.Frequency = time.Second
+	prod, err := sarama.NewSyncProducer(brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := stores.OpenPebble(filepath.Join(dir, "tables", "counts"), stores.PebbleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The crashed worker's records of one partition go out in one batch: the
+	// newest batch, like Kafka's active segment, is never compacted, so the
+	// committed values they supersede are still in the changelog (see
+	// docs/tables.md on compaction and min.compaction.lag.ms).
+	var msgs []*sarama.ProducerMessage
+	for i, w := range words {
+		p, off := int32(at[i][0]), at[i][1]
+		m := &sarama.ProducerMessage{Topic: changelog.Topic(id, "counts"), Partition: p, Key: sarama.StringEncoder(w), Value: sarama.StringEncoder("2")}
+		for _, h := range (changelog.Source{Topic: c.words.Name(), Partition: p, Offset: off}).Headers() {
+			m.Headers = append(m.Headers, sarama.RecordHeader{Key: h[0], Value: h[1]})
+		}
+		msgs = append(msgs, m)
+	}
+	if err := prod.SendMessages(msgs); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		w := string(m.Key.(sarama.StringEncoder))
+		if err := st.Apply(m.Partition, &stores.Batch{Ops: []stores.Op{{Key: []byte(w), Value: []byte("2")}}, Offset: m.Offset}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prod.Close()
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Restart on the same data dir, and a second worker from scratch: both
+	// reprocess phase 2 and must count each word exactly twice (3 would mean
+	// the uncommitted changelog records were restored and counted again).
+	w := runWorker(t, brokers, c, dir)
+	want := map[string]int{"alpha": 2, "beta": 2, "gamma": 2, "delta": 2, "epsilon": 2, "zeta": 2}
+	wantCounts(t, storeTable(t, dir, "counts"), want)
+	if w.Restored() == 0 {
+		t.Fatal("restarted worker restored nothing; the dirty store must have been rebuilt")
+	}
+	fresh := t.TempDir()
+	// Process nothing new: a fresh worker restores (skipping nothing now that
+	// the reprocessed offsets are committed) and holds the same counts.
+	runWorker(t, brokers, c, fresh)
+	wantCounts(t, storeTable(t, fresh, "counts"), want)
+}
+
+// TestTombstonesAndCoPartitioningThroughWorker runs deletes end to end (local
+// store, changelog tombstone, restore on another worker) and a write of a key
+// of another partition (ErrNotCoPartitioned).
+func TestTombstonesAndCoPartitioningThroughWorker(t *testing.T) {
+	brokers := testbroker.Brokers(t)
+	id := testbroker.Topic(t, "app")
+	c := newCountApp(t, id)
+	dir := t.TempDir()
+	// Find a key that belongs to another partition than "alpha".
+	other := ""
+	for i := 0; other == ""; i++ {
+		k := fmt.Sprintf("k%d", i)
+		if kafka.PartitionFor([]byte(k), parts) != kafka.PartitionFor([]byte("alpha"), parts) {
+			other = k
+		}
+	}
+	client := newClient(t, brokers)
+	runWorker(t, brokers, c, dir,
+		kv{"alpha", "x"}, kv{"alpha", "x"}, kv{"alpha", "del"}, kv{"alpha", "x"}, // revived: 1
+		kv{"beta", "x"}, kv{"beta", "del"}, // deleted
+		kv{"gamma", "x"}, kv{"alpha", "elsewhere:" + other})
+	want := map[string]int{"alpha": 1, "gamma": 1}
+	wantCounts(t, storeTable(t, dir, "counts"), want)
+
+	c.mu.Lock()
+	errs := c.errs
+	c.mu.Unlock()
+	if len(errs) != 1 || !errors.Is(errs[0], table.ErrNotCoPartitioned) {
+		t.Fatalf("write of %q from alpha's partition: errors %v, want one ErrNotCoPartitioned", other, errs)
+	}
+	// The changelog holds the tombstone of beta; a worker restoring from
+	// scratch ends without beta.
+	fresh := t.TempDir()
+	runWorker(t, brokers, c, fresh)
+	wantCounts(t, storeTable(t, fresh, "counts"), want)
+	got, err := app.ReadTable(context.Background(), client, c.counts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || fmt.Sprint(got["alpha"]) != "1" {
+		t.Fatalf("ReadTable = %v, want alpha:1 gamma:1", got)
+	}
+}

@@ -1,0 +1,94 @@
+package changelog_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/internal/testbroker"
+	"github.com/runnel-dev/runnel/stores"
+)
+
+var benchRecords = flag.Int("restore-records", 200_000, "records in the changelog of BenchmarkRestorePebble (use 1000000 for the 1M figure)")
+
+// BenchmarkRestorePebble measures restore throughput: records/s from a kfake
+// (or real) changelog partition into a fresh Pebble store, 16-byte keys and
+// 100-byte values, 1000-record store batches.
+func BenchmarkRestorePebble(b *testing.B) {
+	brokers := testbroker.Brokers(b)
+	cfg := testbroker.SaramaConfig(b)
+	cfg.Consumer.Return.Errors = true
+	cfg.Consumer.Fetch.Default = 8 << 20
+	client, err := sarama.NewClient(brokers, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.Close()
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		b.Fatal(err)
+	}
+	topic := testbroker.Topic(b, "bench")
+	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false); err != nil {
+		b.Fatal(err)
+	}
+	n := *benchRecords
+	pcfg := testbroker.SaramaConfig(b)
+	pcfg.Producer.Partitioner = sarama.NewManualPartitioner
+	pcfg.Producer.Flush.Messages = 5000
+	pcfg.Producer.Flush.Frequency = 5 * time.Millisecond
+	pcfg.Producer.Compression = sarama.CompressionNone
+	prod, err := sarama.NewAsyncProducer(brokers, pcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	value := make([]byte, 100)
+	go func() {
+		for i := range n {
+			prod.Input() <- &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(fmt.Sprintf("key-%012d", i)), Value: sarama.ByteEncoder(value)}
+		}
+	}()
+	for range n {
+		select {
+		case <-prod.Successes():
+		case err := <-prod.Errors():
+			b.Fatal(err)
+		}
+	}
+	prod.Close()
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer consumer.Close()
+	r := &changelog.Restorer{Client: client, Consumer: consumer, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	b.ResetTimer()
+	var total time.Duration
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		st, err := stores.OpenPebble(b.TempDir(), stores.PebbleOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		start := time.Now()
+		res, err := r.Restore(context.Background(), topic, 0, st)
+		total += time.Since(start)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if res.Records != int64(n) {
+			b.Fatalf("restored %d of %d", res.Records, n)
+		}
+		b.StopTimer()
+		st.Close()
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(n)*float64(b.N)/total.Seconds(), "records/s")
+}
