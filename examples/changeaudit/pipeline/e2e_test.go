@@ -272,4 +272,3 @@ func changelogEnd(t *testing.T, brokers []string, p *pipeline.Pipeline) int64 {
 	}
 	return sum
 }
-
