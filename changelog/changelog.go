@@ -575,6 +575,14 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 		case msg = <-pc.Messages():
 		}
 		if msg == nil {
+			// Sarama closes Messages after an error such as OffsetOutOfRange
+			// (kfake moves the log start when it compacts): report that error,
+			// which may still be waiting on Errors, rather than the close.
+			for e := range pc.Errors() {
+				if e != nil {
+					return n, skipped, errors.Join(flush(), e.Err)
+				}
+			}
 			return n, skipped, errors.Join(flush(), errors.New("partition consumer closed"))
 		}
 		for msg != nil {
