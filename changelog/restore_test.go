@@ -194,7 +194,13 @@ func TestRestoreEndsOnTrailingTransactionMarker(t *testing.T) {
 		recs = append(recs, rec{key: fmt.Sprintf("k%d", i%5), value: strconv.Itoa(i)})
 	}
 	e.produceTxn(topic, recs...)
+	// Kafka writes the commit marker after EndTxn returns (the coordinator
+	// sends WriteTxnMarkers to the partition leader), so wait for it.
 	_, end := e.offsets(topic)
+	for deadline := time.Now().Add(10 * time.Second); end != 21 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		_, end = e.offsets(topic)
+	}
 	if end != 21 { // 20 data records + the commit marker
 		t.Fatalf("highwater %d, want 21 (20 records + commit marker)", end)
 	}
