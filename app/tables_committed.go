@@ -14,7 +14,10 @@ import (
 // changelog record carries the source record it came from; a restore skips the
 // records whose source offset the group has not committed (they will be
 // produced again when the source record is reprocessed), and a standby holds
-// them back until the commit. committedOffsets is what both consult.
+// them back until the commit. Each store partition also keeps source-offset
+// marks (the highest source offset whose effect it holds, per source
+// partition); a restore wipes a partition whose marks reach a committed
+// offset. committedOffsets is what all three consult.
 
 // committedOffsets fetches the group's committed offsets of every partition of
 // the app's source topics (OffsetFetch through the group coordinator). A

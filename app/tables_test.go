@@ -195,80 +195,103 @@ func wantCounts(t *testing.T, got map[string]string, want map[string]int) {
 
 // TestCrashAfterChangelogAckBeforeCommit simulates a worker that wrote and got
 // acknowledged the changelog records of source records whose offsets it never
-// committed (killed between the ack and the commit), and had applied them to
-// its store. The restarted worker must not count them: it reprocesses those
-// source records, and the counts come out exact.
+// committed (killed between the ack and the commit), and had applied some of
+// them, with their source-offset marks, to its store. Compaction then removes
+// the record at the store's checkpoint before the restart. The restarted
+// worker must find the store dirty from its marks, rebuild it without those
+// records, reprocess, and count exactly.
 func TestCrashAfterChangelogAckBeforeCommit(t *testing.T) {
 	brokers := testbroker.Brokers(t)
 	id := testbroker.Topic(t, "app")
 	c := newCountApp(t, id)
 	dir := t.TempDir()
-	words := []string{"alpha", "beta", "gamma", "delta", "epsilon", "zeta"}
+	// One committed word and one new word per partition: the committed word's
+	// record is never superseded, so compaction keeps it (and the log start)
+	// in every partition; the new words are only ever written by the crash.
+	old, fresh := wordPerPartition("w"), wordPerPartition("n")
 	var first []kv
-	for _, w := range words {
+	want := map[string]int{}
+	for _, w := range old {
 		first = append(first, kv{w, "x"})
+		want[w] = 1
 	}
-	// Phase 1: a clean run counts every word once and commits.
+	// Phase 1: a clean run counts every old word once and commits.
 	runWorker(t, brokers, c, dir, first...)
-	wantCounts(t, storeTable(t, dir, "counts"), map[string]int{"alpha": 1, "beta": 1, "gamma": 1, "delta": 1, "epsilon": 1, "zeta": 1})
+	wantCounts(t, storeTable(t, dir, "counts"), want)
 
-	// Phase 2, the crash: the source gets one more record per word; the
-	// crashed worker had processed them, produced its changelog records (acked)
-	// and applied them to its store, but never committed the source offsets.
-	at := send(t, brokers, c.words.Name(), first...)
+	// Phase 2, the crash: the source gets each new word three times. The
+	// crashed worker processed all of them and the broker acknowledged their
+	// changelog records (counts 1, 2, 3; one batch each), but the worker
+	// applied only round 1 to its store (with the marks the table's ack path
+	// writes) and never committed the source offsets.
+	var recs []kv
+	for range 3 {
+		for _, w := range fresh {
+			recs = append(recs, kv{w, "x"})
+		}
+	}
+	at := send(t, brokers, c.words.Name(), recs...)
 	cfg := testbroker.SaramaConfig(t)
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	cfg.Producer.Flush.Messages = len(words) // one request, one batch per partition
-	cfg.Producer.Flush.Frequency = time.Second
 	prod, err := sarama.NewSyncProducer(brokers, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer prod.Close()
 	st, err := stores.OpenPebble(filepath.Join(dir, "tables", "counts"), stores.PebbleOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The crashed worker's records of one partition go out in one batch: the
-	// newest batch, like Kafka's active segment, is never compacted, so the
-	// committed values they supersede are still in the changelog (see
-	// docs/tables.md on compaction and min.compaction.lag.ms).
-	var msgs []*sarama.ProducerMessage
-	for i, w := range words {
+	checkpoints := map[int32]int64{}
+	for i, r := range recs {
 		p, off := int32(at[i][0]), at[i][1]
-		m := &sarama.ProducerMessage{Topic: changelog.Topic(id, "counts"), Partition: p, Key: sarama.StringEncoder(w), Value: sarama.StringEncoder("2")}
-		for _, h := range (changelog.Source{Topic: c.words.Name(), Partition: p, Offset: off}).Headers() {
+		n := i/len(fresh) + 1
+		src := changelog.Source{Topic: c.words.Name(), Partition: p, Offset: off}
+		m := &sarama.ProducerMessage{Topic: changelog.Topic(id, "counts"), Partition: p, Key: sarama.StringEncoder(r.k), Value: sarama.StringEncoder(strconv.Itoa(n))}
+		for _, h := range src.Headers() {
 			m.Headers = append(m.Headers, sarama.RecordHeader{Key: h[0], Value: h[1]})
 		}
-		msgs = append(msgs, m)
-	}
-	if err := prod.SendMessages(msgs); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range msgs {
-		w := string(m.Key.(sarama.StringEncoder))
-		if err := st.Apply(m.Partition, &stores.Batch{Ops: []stores.Op{{Key: []byte(w), Value: []byte("2")}}, Offset: m.Offset}); err != nil {
+		if _, _, err := prod.SendMessage(m); err != nil {
 			t.Fatal(err)
 		}
+		if n == 1 {
+			b := &stores.Batch{Offset: m.Offset, Marks: []stores.Mark{{Key: src.MarkKey(), Offset: off}}}
+			b.Put([]byte(r.k), []byte("1"))
+			if err := st.Apply(p, b); err != nil {
+				t.Fatal(err)
+			}
+			checkpoints[p] = m.Offset
+		}
 	}
-	prod.Close()
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
 	}
+	// Round 2 supersedes every checkpoint record, and round 3 keeps round 2
+	// out of the last batch (kfake never cleans the last batch). Kafka keeps
+	// the changelog's records for min.compaction.lag.ms (10 min) first.
+	waitCompacted(t, brokers, changelog.Topic(id, "counts"), checkpoints)
 
-	// Restart on the same data dir, and a second worker from scratch: both
-	// reprocess phase 2 and must count each word exactly twice (3 would mean
-	// the uncommitted changelog records were restored and counted again).
-	w := runWorker(t, brokers, c, dir)
-	want := map[string]int{"alpha": 2, "beta": 2, "gamma": 2, "delta": 2, "epsilon": 2, "zeta": 2}
-	wantCounts(t, storeTable(t, dir, "counts"), want)
-	if w.Restored() == 0 {
-		t.Fatal("restarted worker restored nothing; the dirty store must have been rebuilt")
+	// Restart on the same data dir: the marks of round 1 are not below the
+	// committed offsets, so the store is rebuilt without the uncommitted
+	// records, and reprocessing counts each new word exactly 3 times. (Kept,
+	// the store would give 4; restored, the crash's records would give 6.)
+	for _, w := range fresh {
+		want[w] = 3
 	}
-	fresh := t.TempDir()
-	// Process nothing new: a fresh worker restores (skipping nothing now that
-	// the reprocessed offsets are committed) and holds the same counts.
-	runWorker(t, brokers, c, fresh)
-	wantCounts(t, storeTable(t, fresh, "counts"), want)
+	w := runWorker(t, brokers, c, dir)
+	wantCounts(t, storeTable(t, dir, "counts"), want)
+	if w.Restored() < int64(len(old)) {
+		t.Fatalf("restarted worker restored %d records; the dirty store must have been rebuilt from the %d committed ones", w.Restored(), len(old))
+	}
+	// The rebuilt and reprocessed store's marks are the last source offsets
+	// processed, all below the committed offsets.
+	wantMarksBelowCommitted(t, brokers, dir, id, c.words.Name())
+
+	// A fresh worker restores from scratch (skipping nothing now that the
+	// reprocessed offsets are committed) and holds the same counts.
+	freshDir := t.TempDir()
+	runWorker(t, brokers, c, freshDir)
+	wantCounts(t, storeTable(t, freshDir, "counts"), want)
 }
 
 // TestTombstonesAndCoPartitioningThroughWorker runs deletes end to end (local

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -58,6 +60,27 @@ func (s Source) Headers() [][2][]byte {
 		{[]byte(HeaderSourcePartition), strconv.AppendInt(nil, int64(s.Partition), 10)},
 		{[]byte(HeaderSourceOffset), strconv.AppendInt(nil, s.Offset, 10)},
 	}
+}
+
+// MarkKey returns the name of the store mark of s's source partition:
+// "<topic>/<partition>" (Kafka topic names cannot contain '/'). See
+// stores.Batch.Marks and docs/tables.md.
+func (s Source) MarkKey() string {
+	return s.Topic + "/" + strconv.FormatInt(int64(s.Partition), 10)
+}
+
+// ParseMarkKey splits a mark name made by Source.MarkKey; ok is false when it
+// is not one.
+func ParseMarkKey(k string) (topic string, partition int32, ok bool) {
+	i := strings.LastIndexByte(k, '/')
+	if i <= 0 {
+		return "", 0, false
+	}
+	v, err := strconv.ParseInt(k[i+1:], 10, 32)
+	if err != nil || v < 0 {
+		return "", 0, false
+	}
+	return k[:i], int32(v), true
 }
 
 // SourceOf parses the source headers of a changelog record; ok is false when
@@ -112,9 +135,10 @@ type runOpts struct {
 // committed offsets":
 //
 //   - Restore skips such records but advances the checkpoint past them.
-//   - Before reading, Restore checks the record at the store's checkpoint; if it
-//     is uncommitted (or compacted away, so that it cannot be checked) the store
-//     holds uncommitted effects, and the partition is wiped and rebuilt.
+//   - Before reading, Restore checks the store's source-offset marks (see
+//     Restore); a mark at or after the committed offset of its source
+//     partition means the store holds uncommitted effects, and the partition
+//     is wiped and rebuilt.
 //   - Follow holds such records back (in memory, in order) until the source
 //     offset is committed, so a standby's store never holds uncommitted effects
 //     and its promotion only replays the tail.
@@ -195,6 +219,12 @@ type Result struct {
 // start (retention or DeleteRecords removed what follows it), or an
 // OffsetOutOfRange while reading, wipes the partition with a warning and
 // rebuilds it from the earliest offset.
+//
+// Every applied record that carries source headers (Source) raises the store
+// mark Source.MarkKey() to its source offset, in the batch that applies it, so
+// a restored store carries the same marks as one written by the table itself.
+// With SkipUncommitted, a store holding a mark at or after the committed
+// offset of its source partition is wiped and rebuilt, skipping.
 func (r *Restorer) Restore(ctx context.Context, topic string, p int32, st stores.Store, opts ...Option) (Result, error) {
 	start := time.Now()
 	var o runOpts
@@ -262,12 +292,12 @@ func (r *Restorer) run(ctx context.Context, topic string, p int32, st stores.Sto
 			wipe = "changelog checkpoint ahead of the highwater (topic recreated?)"
 		case from < oldest:
 			wipe = "changelog checkpoint below the log start offset"
-		case o.committed != nil && checkpoint != stores.NoOffset && !follow:
-			dirty, why, err := r.checkpointDirty(topic, p, checkpoint, o.committed)
+		case o.committed != nil && !follow:
+			why, err := dirtyMarks(st, p, o.committed)
 			if err != nil {
 				return res, err
 			}
-			if dirty {
+			if why != "" {
 				wipe = "store holds effects of uncommitted source records (" + why + ")"
 			}
 		}
@@ -319,41 +349,31 @@ func uncommitted(f CommittedFunc, hs []*sarama.RecordHeader) bool {
 	return tracked && src.Offset >= c
 }
 
-// checkpointDirty reads the record at the checkpoint (the last one applied) and
-// reports whether it derives from an uncommitted source record. Source offsets
-// of one source partition only grow along a changelog partition (a source
-// partition is processed in order and its changelog records are produced in
-// that order), so if the last applied record is committed, all earlier ones
-// are. A checkpoint record that compaction removed cannot be checked and counts
-// as dirty.
-func (r *Restorer) checkpointDirty(topic string, p int32, checkpoint int64, f CommittedFunc) (bool, string, error) {
-	recs, _, err := r.fetchAt(topic, p, checkpoint)
+// dirtyMarks reports whether partition p of st holds an effect of a source
+// record the group has not committed: a mark (the highest source offset of a
+// source partition whose effect the store holds, written with the data) at or
+// after the committed offset of its source partition. It returns a
+// description of the first such mark, or "" when the store is clean. Marks of
+// untracked source partitions, and malformed mark names, are ignored.
+func dirtyMarks(st stores.Store, p int32, f CommittedFunc) (string, error) {
+	marks, err := st.Marks(p)
 	if err != nil {
-		return false, "", fmt.Errorf("read checkpoint record %d: %w", checkpoint, err)
+		return "", err
 	}
-	for _, rec := range recs {
-		if rec.offset < checkpoint {
+	for _, k := range slices.Sorted(maps.Keys(marks)) {
+		topic, sp, ok := ParseMarkKey(k)
+		if !ok {
 			continue
 		}
-		if rec.offset > checkpoint {
-			// Compaction removed the checkpoint record (a later write of the same
-			// key exists). Its source offset is unknown here; wiping on this would
-			// throw away every checkpoint older than the compaction lag, so the
-			// store is kept. Source-offset marks kept in the store itself close
-			// this gap (docs/tables.md).
-			return false, "", nil
+		if c, tracked := f(topic, sp); tracked && marks[k] >= c {
+			return fmt.Sprintf("mark %s at source offset %d, committed offset %d", k, marks[k], c), nil
 		}
-		if uncommitted(f, rec.headers) {
-			return true, "checkpoint record's source offset not committed", nil
-		}
-		return false, "", nil
 	}
-	return true, "checkpoint record not found", nil
+	return "", nil
 }
 
 type fetched struct {
-	offset  int64
-	headers []*sarama.RecordHeader
+	offset int64
 }
 
 // fetchAt fetches from offset directly from the partition leader and returns
@@ -393,7 +413,7 @@ func (r *Restorer) fetchAt(topic string, p int32, offset int64) ([]fetched, int6
 			continue
 		}
 		for _, rec := range rb.Records {
-			out = append(out, fetched{offset: rb.FirstOffset + rec.OffsetDelta, headers: rec.Headers})
+			out = append(out, fetched{offset: rb.FirstOffset + rec.OffsetDelta})
 		}
 	}
 	return out, next, nil
@@ -475,29 +495,49 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 		r.report(pr, false)
 	}
 
+	// Source-offset marks: the store keeps, per source partition, the highest
+	// source offset whose effect it holds (docs/tables.md). marks starts from
+	// the store's (empty after a wipe); raised names go out with the next batch.
+	marks, err := st.Marks(p)
+	if err != nil {
+		return 0, 0, err
+	}
+	raised := map[string]bool{}
+
 	// b accumulates ops; applied is the checkpoint last written. A batch with
 	// no ops but a higher offset still moves the checkpoint (skipped records).
 	b := &stores.Batch{Offset: stores.NoOffset}
 	applied := stores.NoOffset
 	flush := func() error {
-		if len(b.Ops) == 0 && (b.Offset == stores.NoOffset || b.Offset == applied) {
+		if len(b.Ops) == 0 && len(raised) == 0 && (b.Offset == stores.NoOffset || b.Offset == applied) {
 			return nil
+		}
+		for _, k := range slices.Sorted(maps.Keys(raised)) {
+			b.Mark(k, marks[k])
 		}
 		if err := st.Apply(p, b); err != nil {
 			return err
 		}
 		n += int64(len(b.Ops))
 		applied = b.Offset
+		clear(raised)
 		b = &stores.Batch{Ops: b.Ops[:0:0], Offset: stores.NoOffset}
 		return nil
 	}
-	add := func(key, value []byte, offset int64) {
+	add := func(key, value []byte, offset int64, hs []*sarama.RecordHeader) {
 		if value == nil {
 			b.Delete(key)
 		} else {
 			b.Put(key, value)
 		}
 		b.Offset = offset
+		if src, ok := SourceOf(hs); ok {
+			k := src.MarkKey()
+			if cur, ok := marks[k]; !ok || src.Offset > cur {
+				marks[k] = src.Offset
+				raised[k] = true
+			}
+		}
 	}
 	// Standby hold-back (SkipUncommitted in Follow): records are applied in
 	// offset order, so once one is held back every later one queues behind it.
@@ -505,7 +545,7 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 	release := func() {
 		i := 0
 		for ; i < len(pending) && !uncommitted(o.committed, pending[i].headers); i++ {
-			add(pending[i].key, pending[i].value, pending[i].offset)
+			add(pending[i].key, pending[i].value, pending[i].offset, pending[i].headers)
 		}
 		pending = pending[i:]
 	}
@@ -517,12 +557,12 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 				pending = append(pending, pendingRec{key: msg.Key, value: msg.Value, offset: msg.Offset, headers: msg.Headers})
 				return
 			}
-			add(msg.Key, msg.Value, msg.Offset)
+			add(msg.Key, msg.Value, msg.Offset, msg.Headers)
 		case !follow && uncommitted(o.committed, msg.Headers):
 			skipped++
 			b.Offset = msg.Offset
 		default:
-			add(msg.Key, msg.Value, msg.Offset)
+			add(msg.Key, msg.Value, msg.Offset, msg.Headers)
 		}
 	}
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -28,7 +29,8 @@ var crashParts = []int32{0, 1, 255, 256}
 // partition empty with NoOffset, which is also a consistent state.
 const crashEpoch = 40
 
-// crashBatch is the deterministic batch n of partition p, with Offset n: a
+// crashBatch is the deterministic batch n of partition p, with Offset n and
+// marks that follow it: a
 // mix of puts and tombstones over keys that are prefixes of each other
 // ("k1", "k10", "k100"), and every 25th batch big enough to fill memtables.
 func crashBatch(p int32, n int64) *Batch {
@@ -38,6 +40,12 @@ func crashBatch(p int32, n int64) *Batch {
 		ops = 3000
 	}
 	b := &Batch{Offset: n}
+	// Marks: "n" is the batch number, so it must always equal the offset;
+	// "epoch" changes every crashEpoch batches.
+	b.Mark("n", n)
+	if n%crashEpoch == 0 {
+		b.Mark("epoch", n/crashEpoch)
+	}
 	for i := range ops {
 		key := []byte("k" + strconv.Itoa(r.IntN(150)))
 		if r.IntN(5) == 0 {
@@ -180,6 +188,15 @@ func TestPebbleCrash(t *testing.T) {
 			if !slices.Equal(got, exp) {
 				t.Fatalf("round %d partition %d at offset %d: %d entries, want %d; first difference: %s",
 					round, p, off, len(got), len(exp), firstDiff(got, exp))
+			}
+			// Marks never run ahead of or behind the data: they are exactly
+			// those of the batches up to the stored offset.
+			gm, err := s.Marks(p)
+			must(t, err)
+			wm, err := want.Marks(p)
+			must(t, err)
+			if !maps.Equal(gm, wm) {
+				t.Fatalf("round %d partition %d at offset %d: marks %v, want %v", round, p, off, gm, wm)
 			}
 			if off != NoOffset || len(got) > 0 {
 				listed = append(listed, p)

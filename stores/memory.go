@@ -3,6 +3,7 @@ package stores
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 )
@@ -18,14 +19,15 @@ type Memory struct {
 	mu     sync.RWMutex
 	closed bool
 	// parts holds one entry per partition ever written. Invariant: a partition
-	// with no keys and offset NoOffset is reported by no method, so an entry
-	// left empty by deletes is the same as no entry.
+	// with no keys, no marks and offset NoOffset is reported by no method, so
+	// an entry left empty by deletes is the same as no entry.
 	parts map[int32]*memPartition
 }
 
 type memPartition struct {
 	data   map[string][]byte
 	offset int64
+	marks  map[string]int64
 }
 
 // NewMemory returns an empty Memory store.
@@ -69,12 +71,12 @@ func (m *Memory) Apply(partition int32, b *Batch) error {
 	if m.closed {
 		return ErrClosed
 	}
-	if len(b.Ops) == 0 && b.Offset == NoOffset {
+	if b.empty() {
 		return nil
 	}
 	p := m.parts[partition]
 	if p == nil {
-		p = &memPartition{data: make(map[string][]byte), offset: NoOffset}
+		p = &memPartition{data: make(map[string][]byte), offset: NoOffset, marks: make(map[string]int64)}
 		m.parts[partition] = p
 	}
 	for _, op := range b.Ops {
@@ -87,7 +89,27 @@ func (m *Memory) Apply(partition int32, b *Batch) error {
 	if b.Offset != NoOffset {
 		p.offset = b.Offset
 	}
+	for _, mk := range b.Marks {
+		p.marks[mk.Key] = mk.Offset
+	}
 	return nil
+}
+
+// Marks implements Store.
+func (m *Memory) Marks(partition int32) (map[string]int64, error) {
+	if err := checkPartition(partition); err != nil {
+		return nil, fmt.Errorf("marks [%d]: %w", partition, err)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
+	out := make(map[string]int64)
+	if p := m.parts[partition]; p != nil {
+		maps.Copy(out, p.marks)
+	}
+	return out, nil
 }
 
 // Offset implements Store.
@@ -144,7 +166,7 @@ func (m *Memory) Partitions() ([]int32, error) {
 	}
 	var out []int32
 	for id, p := range m.parts {
-		if len(p.data) > 0 || p.offset != NoOffset {
+		if len(p.data) > 0 || p.offset != NoOffset || len(p.marks) > 0 {
 			out = append(out, id)
 		}
 	}

@@ -16,16 +16,18 @@ import (
 //
 //	'd' | partition (uint32, big-endian) | user key   -> value
 //	'o' | partition (uint32, big-endian)              -> applied offset (int64, big-endian)
+//	'm' | partition (uint32, big-endian) | mark name  -> mark offset (int64, big-endian)
 //
 // The fixed-width big-endian partition makes every partition's data one
 // contiguous key range ['d'|p, 'd'|p+1) that sorts by partition, whatever the
 // user keys are: a user key that is a prefix of another, or partitions 255 and
-// 256, can never interleave. Offsets live under their own prefix so that
-// iterating a partition's data never meets them.
+// 256, can never interleave. Offsets and marks live under their own prefixes
+// so that iterating a partition's data never meets them.
 const (
 	dataPrefix   byte = 'd'
+	markPrefix   byte = 'm'
 	offsetPrefix byte = 'o'
-	// prefixLen is the length of 'd'|partition and 'o'|partition.
+	// prefixLen is the length of 'd'|partition, 'm'|partition and 'o'|partition.
 	prefixLen = 5
 )
 
@@ -64,7 +66,7 @@ type PebbleOptions struct {
 }
 
 // Pebble is a Store on one Pebble database at a directory. Each partition's
-// data and applied changelog offset are written by Apply in one pebble.Batch,
+// data, applied changelog offset and marks are written by Apply in one pebble.Batch,
 // so after any crash the data of a partition is exactly the data of the
 // batches up to its stored offset (DESIGN.md §5; this fixes Goka's separate
 // offset write, spec/tables.md "Rules" 5).
@@ -173,7 +175,7 @@ func (p *Pebble) Apply(partition int32, b *Batch) error {
 	if err := checkBatch(partition, b); err != nil {
 		return err
 	}
-	if b == nil || (len(b.Ops) == 0 && b.Offset == NoOffset) {
+	if b.empty() {
 		// Still report ErrClosed on a closed store.
 		if err := p.enter(); err != nil {
 			return err
@@ -192,6 +194,10 @@ func (p *Pebble) Apply(partition int32, b *Batch) error {
 	for _, op := range b.Ops {
 		size += 11 + prefixLen + len(op.Key) + len(op.Value)
 		maxKey = max(maxKey, len(op.Key))
+	}
+	for _, mk := range b.Marks {
+		size += 11 + prefixLen + len(mk.Key) + 8
+		maxKey = max(maxKey, len(mk.Key))
 	}
 	pb := p.db.NewBatchWithSize(size)
 	defer pb.Close()
@@ -214,6 +220,14 @@ func (p *Pebble) Apply(partition int32, b *Batch) error {
 		binary.BigEndian.PutUint64(v[:], uint64(b.Offset))
 		if err := pb.Set(offsetKey(partition), v[:], nil); err != nil {
 			return fmt.Errorf("apply [%d] offset %d in %s: %w", partition, b.Offset, p.dir, err)
+		}
+	}
+	for _, mk := range b.Marks {
+		var v [8]byte
+		binary.BigEndian.PutUint64(v[:], uint64(mk.Offset))
+		kbuf = markKey(kbuf[:0], partition, mk.Key)
+		if err := pb.Set(kbuf, v[:], nil); err != nil {
+			return fmt.Errorf("apply [%d] mark %q in %s: %w", partition, mk.Key, p.dir, err)
 		}
 	}
 	if err := pb.Commit(pebble.NoSync); err != nil {
@@ -243,6 +257,37 @@ func (p *Pebble) Offset(partition int32) (int64, error) {
 		return NoOffset, fmt.Errorf("offset [%d] in %s: stored value has %d bytes, want 8", partition, p.dir, len(v))
 	}
 	return int64(binary.BigEndian.Uint64(v)), nil
+}
+
+// Marks implements Store with one iterator over the partition's mark range.
+func (p *Pebble) Marks(partition int32) (map[string]int64, error) {
+	if err := checkPartition(partition); err != nil {
+		return nil, fmt.Errorf("marks [%d]: %w", partition, err)
+	}
+	if err := p.enter(); err != nil {
+		return nil, err
+	}
+	defer p.leave()
+	lo, hi := partitionBounds(markPrefix, partition)
+	it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return nil, fmt.Errorf("marks [%d] in %s: %w", partition, p.dir, err)
+	}
+	out := make(map[string]int64)
+	for valid := it.First(); valid; valid = it.Next() {
+		v, err := it.ValueAndErr()
+		if err == nil && len(v) != 8 {
+			err = fmt.Errorf("mark %q has %d bytes, want 8", it.Key()[prefixLen:], len(v))
+		}
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("marks [%d] in %s: %w", partition, p.dir, err), it.Close())
+		}
+		out[string(it.Key()[prefixLen:])] = int64(binary.BigEndian.Uint64(v))
+	}
+	if err := it.Close(); err != nil {
+		return nil, fmt.Errorf("marks [%d] in %s: %w", partition, p.dir, err)
+	}
+	return out, nil
 }
 
 // Iterate implements Store over a Pebble iterator bounded to the partition's
@@ -278,15 +323,15 @@ func (p *Pebble) Iterate(partition int32, fn func(key, value []byte) error) erro
 }
 
 // Partitions implements Store. It seeks from one partition to the next
-// ('d'|p+1, then 'o'|p+1), so it costs a seek per partition, not a scan of the
-// data.
+// ('d'|p+1, then 'm'|p+1 and 'o'|p+1), so it costs a seek per partition, not a
+// scan of the data.
 func (p *Pebble) Partitions() ([]int32, error) {
 	if err := p.enter(); err != nil {
 		return nil, err
 	}
 	defer p.leave()
 	seen := make(map[int32]bool)
-	for _, prefix := range []byte{dataPrefix, offsetPrefix} {
+	for _, prefix := range []byte{dataPrefix, markPrefix, offsetPrefix} {
 		it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefix}, UpperBound: []byte{prefix + 1}})
 		if err != nil {
 			return nil, fmt.Errorf("partitions in %s: %w", p.dir, err)
@@ -320,9 +365,9 @@ func (p *Pebble) Partitions() ([]int32, error) {
 	return out, nil
 }
 
-// DropPartition implements Store with one batch holding a range delete of the
-// partition's data and a delete of its offset key, so a crash leaves either
-// the whole partition or none of it.
+// DropPartition implements Store with one batch holding range deletes of the
+// partition's data and marks and a delete of its offset key, so a crash leaves
+// either the whole partition or none of it.
 func (p *Pebble) DropPartition(partition int32) error {
 	if err := checkPartition(partition); err != nil {
 		return fmt.Errorf("drop [%d]: %w", partition, err)
@@ -335,6 +380,10 @@ func (p *Pebble) DropPartition(partition int32) error {
 	pb := p.db.NewBatch()
 	defer pb.Close()
 	if err := pb.DeleteRange(lo, hi, nil); err != nil {
+		return fmt.Errorf("drop [%d] in %s: %w", partition, p.dir, err)
+	}
+	mlo, mhi := partitionBounds(markPrefix, partition)
+	if err := pb.DeleteRange(mlo, mhi, nil); err != nil {
 		return fmt.Errorf("drop [%d] in %s: %w", partition, p.dir, err)
 	}
 	if err := pb.Delete(offsetKey(partition), nil); err != nil {
@@ -393,6 +442,13 @@ func dataKey(dst []byte, partition int32, key []byte) []byte {
 	dst = append(dst, dataPrefix)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(partition))
 	return append(dst, key...)
+}
+
+// markKey appends 'm'|partition|name to dst.
+func markKey(dst []byte, partition int32, name string) []byte {
+	dst = append(dst, markPrefix)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(partition))
+	return append(dst, name...)
 }
 
 // offsetKey returns 'o'|partition.

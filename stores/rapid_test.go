@@ -2,6 +2,7 @@ package stores
 
 import (
 	"bytes"
+	"maps"
 	"os"
 	"slices"
 	"testing"
@@ -26,6 +27,8 @@ var (
 	// and keys are often prefixes of each other.
 	modelKey   = rapid.SliceOfN(rapid.ByteRange('a', 'c'), 0, 3)
 	modelValue = rapid.SliceOfN(rapid.Byte(), 0, 8)
+	// Mark names include "" and names that are prefixes of each other.
+	modelMark = rapid.SampledFrom([]string{"", "t/0", "t/1", "t/10", "u/0"})
 )
 
 func (m *storeModel) Apply(t *rapid.T) {
@@ -38,6 +41,9 @@ func (m *storeModel) Apply(t *rapid.T) {
 		} else {
 			b.Put(k, modelValue.Draw(t, "value"))
 		}
+	}
+	for range rapid.IntRange(0, 3).Draw(t, "marks") {
+		b.Mark(modelMark.Draw(t, "mark"), rapid.Int64Range(-2, 1000).Draw(t, "mark offset"))
 	}
 	if err := m.pebble.Apply(p, b); err != nil {
 		t.Fatal(err)
@@ -106,7 +112,7 @@ func (m *storeModel) Reopen(t *rapid.T) {
 	m.pebble = s
 }
 
-// Check runs after every action: partitions and offsets agree.
+// Check runs after every action: partitions, offsets and marks agree.
 func (m *storeModel) Check(t *rapid.T) {
 	gp, err := m.pebble.Partitions()
 	if err != nil {
@@ -130,6 +136,17 @@ func (m *storeModel) Check(t *rapid.T) {
 		}
 		if go_ != wo {
 			t.Fatalf("Offset(%d): pebble %d; memory %d", p, go_, wo)
+		}
+		gm, err := m.pebble.Marks(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wm, err := m.memory.Marks(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !maps.Equal(gm, wm) {
+			t.Fatalf("Marks(%d): pebble %v; memory %v", p, gm, wm)
 		}
 	}
 }

@@ -18,15 +18,30 @@ var ErrInvalidOffset = errors.New("stores: invalid offset")
 const NoOffset int64 = -1
 
 // Batch is an atomic group of writes to one partition of a store, together with
-// the changelog offset those writes bring the partition up to.
+// the changelog offset those writes bring the partition up to and the
+// source-offset marks they set.
 //
-// Invariant: a Store applies Puts, Deletes and Offset in one atomic step, so a
-// crash never leaves the data and the applied offset out of step.
+// Invariant: a Store applies Puts, Deletes, Offset and Marks in one atomic
+// step, so a crash never leaves the data, the applied offset and the marks out
+// of step.
 type Batch struct {
 	// Puts and Deletes are applied in the order Ops lists them.
 	Ops []Op
 	// Offset is the changelog offset of the last record this batch covers, or
 	// NoOffset to leave the partition's applied offset unchanged.
+	Offset int64
+	// Marks set named offsets of the partition, in order (the last mark of a
+	// name wins, within the batch and over earlier batches). Tables use them
+	// to record, per source topic partition, the highest source offset whose
+	// effect the partition holds (docs/tables.md).
+	Marks []Mark
+}
+
+// Mark is one named offset of a partition, kept with its data. Key is any
+// string (tables use "<source topic>/<source partition>", see
+// table.MarkKey); Offset any int64.
+type Mark struct {
+	Key    string
 	Offset int64
 }
 
@@ -44,6 +59,16 @@ func (b *Batch) Put(key, value []byte) { b.Ops = append(b.Ops, Op{Key: key, Valu
 // Delete appends a delete of key.
 func (b *Batch) Delete(key []byte) { b.Ops = append(b.Ops, Op{Key: key, Delete: true}) }
 
+// Mark appends a mark setting key to offset.
+func (b *Batch) Mark(key string, offset int64) {
+	b.Marks = append(b.Marks, Mark{Key: key, Offset: offset})
+}
+
+// empty reports whether b changes nothing.
+func (b *Batch) empty() bool {
+	return b == nil || (len(b.Ops) == 0 && b.Offset == NoOffset && len(b.Marks) == 0)
+}
+
 // Store is the local state of one table on one worker, partitioned like the
 // table's changelog topic. Implementations are safe for concurrent use.
 //
@@ -56,21 +81,27 @@ func (b *Batch) Delete(key []byte) { b.Ops = append(b.Ops, Op{Key: key, Delete: 
 type Store interface {
 	// Get returns the value of key in partition, and false when it is absent.
 	Get(partition int32, key []byte) (value []byte, ok bool, err error)
-	// Apply writes b to partition atomically (data and applied offset together).
-	// A nil or empty batch with Offset NoOffset is a no-op. Apply does not
-	// make the write durable by itself; see Sync.
+	// Apply writes b to partition atomically (data, applied offset and marks
+	// together). A nil batch, or one without ops and marks and with Offset
+	// NoOffset, is a no-op. Apply does not make the write durable by itself;
+	// see Sync.
 	Apply(partition int32, b *Batch) error
 	// Offset returns the changelog offset last applied to partition, or
 	// NoOffset when the partition has none.
 	Offset(partition int32) (int64, error)
+	// Marks returns the marks of partition (name -> offset, as the last
+	// Apply that set each name left it); an empty map when it has none.
+	Marks(partition int32) (map[string]int64, error)
 	// Iterate calls fn for every key of partition in ascending byte order; a
 	// non-nil error from fn stops the iteration and is returned. fn sees a
 	// consistent snapshot of the partition taken when Iterate starts and may
 	// call other methods of the store (not Close, which waits for Iterate).
 	Iterate(partition int32, fn func(key, value []byte) error) error
-	// Partitions lists the partitions that hold data or an applied offset, ascending.
+	// Partitions lists the partitions that hold data, an applied offset or
+	// marks, ascending.
 	Partitions() ([]int32, error)
-	// DropPartition removes every key and the applied offset of partition.
+	// DropPartition removes every key, the applied offset and the marks of
+	// partition, atomically.
 	DropPartition(partition int32) error
 	// Sync makes every applied batch durable (fsync for on-disk stores).
 	Sync() error

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -350,6 +351,72 @@ func TestDropPartitionAndPartitions(t *testing.T) {
 	})
 }
 
+func wantMarks(t *testing.T, s Store, partition int32, want map[string]int64) {
+	t.Helper()
+	got, err := s.Marks(partition)
+	must(t, err)
+	if got == nil || !maps.Equal(got, want) {
+		t.Fatalf("Marks(%d) = %v; want %v", partition, got, want)
+	}
+}
+
+// TestMarks: marks are per partition, the last write of a name wins (within a
+// batch and across batches), a batch of marks only is applied and lists its
+// partition, and DropPartition clears them with the data.
+func TestMarks(t *testing.T) {
+	forEach(t, func(t *testing.T, s Store) {
+		wantMarks(t, s, 0, map[string]int64{})
+		b := Batch{Offset: 5}
+		b.Put([]byte("k"), []byte("v"))
+		b.Mark("in/0", 10)
+		b.Mark("in/1", 3)
+		b.Mark("in/0", 12) // last write wins within the batch
+		must(t, s.Apply(0, &b))
+		wantMarks(t, s, 0, map[string]int64{"in/0": 12, "in/1": 3})
+		wantMarks(t, s, 1, map[string]int64{})
+
+		// Across batches, last write wins too (lower offsets included); names
+		// that are prefixes of each other stay apart.
+		b = Batch{Offset: NoOffset}
+		b.Mark("in/1", 2)
+		b.Mark("in/10", 7)
+		b.Mark("", -1)
+		must(t, s.Apply(0, &b))
+		wantMarks(t, s, 0, map[string]int64{"in/0": 12, "in/1": 2, "in/10": 7, "": -1})
+		wantOffset(t, s, 0, 5)
+		if got := dump(t, s, 0); !slices.Equal(got, []string{"k=v"}) {
+			t.Fatalf("data after a marks-only batch: %q", got)
+		}
+
+		// A partition with marks only is listed; 255 and 256 differ in one
+		// prefix byte.
+		b = Batch{Offset: NoOffset}
+		b.Mark("x/0", 1)
+		must(t, s.Apply(256, &b))
+		b = Batch{Offset: NoOffset}
+		b.Mark("x/0", 2)
+		must(t, s.Apply(255, &b))
+		wantPartitions(t, s, 0, 255, 256)
+		wantMarks(t, s, 255, map[string]int64{"x/0": 2})
+		wantMarks(t, s, 256, map[string]int64{"x/0": 1})
+
+		must(t, s.DropPartition(0))
+		wantMarks(t, s, 0, map[string]int64{})
+		wantOffset(t, s, 0, NoOffset)
+		must(t, s.DropPartition(256))
+		wantPartitions(t, s, 255)
+		wantMarks(t, s, 255, map[string]int64{"x/0": 2})
+
+		if _, err := s.Marks(-1); !errors.Is(err, ErrInvalidPartition) {
+			t.Fatalf("Marks(-1): %v", err)
+		}
+		must(t, s.Close())
+		if _, err := s.Marks(0); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Marks after Close: %v", err)
+		}
+	})
+}
+
 func TestErrClosed(t *testing.T) {
 	forEach(t, func(t *testing.T, s Store) {
 		var b Batch
@@ -544,6 +611,7 @@ func TestPebbleReopenKeepsDataAndOffset(t *testing.T) {
 	var b Batch
 	b.Delete([]byte("000000"))
 	b.Offset = 1000
+	b.Mark("src/0", 77)
 	must(t, s.Apply(0, &b))
 	must(t, s.Close())
 
@@ -554,6 +622,7 @@ func TestPebbleReopenKeepsDataAndOffset(t *testing.T) {
 	wantOffset(t, s2, 0, 1000)
 	wantOffset(t, s2, 1, 49)
 	wantOffset(t, s2, 2, NoOffset)
+	wantMarks(t, s2, 0, map[string]int64{"src/0": 77})
 	wantGet(t, s2, 0, "000000", "", false)
 	wantGet(t, s2, 0, "000001", string(val), true)
 	wantGet(t, s2, 1, "049999", string(val), true)

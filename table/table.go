@@ -256,6 +256,15 @@ type State struct {
 	seq     uint64                         // guarded by mu
 	overlay map[int32]map[string]overlayed // newest unacknowledged write per key; guarded by mu
 	active  map[int32]bool                 // partitions this worker may write; guarded by mu
+
+	// markMu serializes the application of acknowledged writes, so that a
+	// mark read from marks is the one in the store when the batch raising it
+	// is applied. marks caches the store's source-offset marks per partition
+	// (loaded on the first acknowledged write, dropped by SetActive, since
+	// restores and standby follows change them while a partition is not
+	// active); guarded by markMu.
+	markMu sync.Mutex
+	marks  map[int32]map[string]int64
 }
 
 type overlayed struct {
@@ -267,7 +276,7 @@ type overlayed struct {
 // NewState creates the runtime of table d with the given store and producer.
 func NewState(d Def, partitions int32, st stores.Store, send ChangelogSendFunc) *State {
 	return &State{name: d.Name(), topic: d.Changelog(), partitions: partitions, store: st, send: send,
-		overlay: map[int32]map[string]overlayed{}, active: map[int32]bool{}}
+		overlay: map[int32]map[string]overlayed{}, active: map[int32]bool{}, marks: map[int32]map[string]int64{}}
 }
 
 // Store returns the table's store.
@@ -278,6 +287,9 @@ func (s *State) Topic() string { return s.topic }
 
 // SetActive marks partition p as owned (writable) by this worker or not.
 func (s *State) SetActive(p int32, active bool) {
+	s.markMu.Lock()
+	delete(s.marks, p)
+	s.markMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if active {
@@ -328,9 +340,11 @@ func (s *State) write(ev Event, key, value []byte, del bool) error {
 
 	kc := append([]byte(nil), key...)
 	var hs []Header
+	var src *changelog.Source
 	if o, ok := ev.(Originator); ok {
 		org := o.Origin()
-		for _, h := range (changelog.Source{Topic: org.Topic, Partition: org.Partition, Offset: org.Offset}).Headers() {
+		src = &changelog.Source{Topic: org.Topic, Partition: org.Partition, Offset: org.Offset}
+		for _, h := range src.Headers() {
 			hs = append(hs, Header{Key: h[0], Value: h[1]})
 		}
 	}
@@ -342,7 +356,7 @@ func (s *State) write(ev Event, key, value []byte, del bool) error {
 			} else {
 				b.Put(kc, value)
 			}
-			err = s.store.Apply(p, b)
+			err = s.applyAcked(p, b, src)
 		}
 		s.mu.Lock()
 		if o, ok := s.overlay[p][k]; ok && o.seq == seq {
@@ -360,5 +374,39 @@ func (s *State) write(ev Event, key, value []byte, del bool) error {
 		done(err)
 		return fmt.Errorf("table %s[%d]: send changelog record: %w", s.name, p, err)
 	}
+	return nil
+}
+
+// applyAcked applies the batch of an acknowledged changelog write to the
+// store. When the write has a source record (src non-nil) and its offset is
+// above the partition's mark for that source partition, the same batch raises
+// the mark (changelog.Source.MarkKey), so the store records, atomically with
+// the data, the highest source offset whose effect it holds. A restore
+// compares the marks with the group's committed offsets to find a store that
+// holds effects of records that will be processed again (docs/tables.md).
+func (s *State) applyAcked(p int32, b *stores.Batch, src *changelog.Source) error {
+	if src == nil {
+		return s.store.Apply(p, b)
+	}
+	s.markMu.Lock()
+	defer s.markMu.Unlock()
+	m := s.marks[p]
+	if m == nil {
+		var err error
+		if m, err = s.store.Marks(p); err != nil {
+			return fmt.Errorf("table %s[%d]: read marks: %w", s.name, p, err)
+		}
+		s.marks[p] = m
+	}
+	k := src.MarkKey()
+	cur, ok := m[k]
+	if ok && src.Offset <= cur {
+		return s.store.Apply(p, b)
+	}
+	b.Mark(k, src.Offset)
+	if err := s.store.Apply(p, b); err != nil {
+		return err
+	}
+	m[k] = src.Offset
 	return nil
 }

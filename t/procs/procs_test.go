@@ -22,14 +22,16 @@ import (
 
 // line mirrors testapp.Line.
 type line struct {
-	Generation int32              `json:"generation"`
-	Member     string             `json:"member"`
-	Actives    map[string][]int32 `json:"actives"`
-	Standbys   map[string][]int32 `json:"standbys"`
-	Pending    map[string][]int32 `json:"pending"`
-	Claims     map[string][]int32 `json:"claims"`
-	Followed   map[string][]int32 `json:"followed"`
-	Ready      bool               `json:"ready"`
+	Generation   int32              `json:"generation"`
+	Member       string             `json:"member"`
+	Actives      map[string][]int32 `json:"actives"`
+	Standbys     map[string][]int32 `json:"standbys"`
+	Pending      map[string][]int32 `json:"pending"`
+	Claims       map[string][]int32 `json:"claims"`
+	Followed     map[string][]int32 `json:"followed"`
+	Ready        bool               `json:"ready"`
+	Restored     int64              `json:"restored"`
+	RestoredSpan int64              `json:"restored_span"`
 }
 
 type child struct {

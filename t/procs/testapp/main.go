@@ -1,7 +1,7 @@
 // Command testapp is the worker process of the multi-process assignment test
 // (t/procs): one topic, one table, one counting agent. It runs one worker and
 // prints a JSON line on stdout whenever its assignment or what it runs
-// changes. Environment: RUNNEL_BROKERS, PROCS_APP (app ID), PROCS_TOPIC
+// changes (including its restore counts). Environment: RUNNEL_BROKERS, PROCS_APP (app ID), PROCS_TOPIC
 // (topic name), PROCS_DIR (data dir), PROCS_EAGER=1 for the eager protocol.
 package main
 
@@ -34,6 +34,10 @@ type Line struct {
 	Claims     map[string][]int32 `json:"claims"`
 	Followed   map[string][]int32 `json:"followed"`
 	Ready      bool               `json:"ready"`
+	// Restored is how many changelog records the worker's active restores
+	// applied; RestoredSpan the changelog offsets they advanced over.
+	Restored     int64 `json:"restored"`
+	RestoredSpan int64 `json:"restored_span"`
 }
 
 func main() {
@@ -79,7 +83,8 @@ func run() error {
 			as := w.Assignment()
 			claims, followed := w.Running()
 			l := Line{Generation: as.Generation, Member: as.MemberID, Actives: as.Actives, Standbys: as.Standbys,
-				Pending: as.Pending, Claims: claims, Followed: followed, Ready: w.Ready()}
+				Pending: as.Pending, Claims: claims, Followed: followed, Ready: w.Ready(),
+				Restored: w.Restored(), RestoredSpan: w.RestoredSpan()}
 			if !reflect.DeepEqual(l, last) {
 				_ = enc.Encode(l)
 				last = l
