@@ -16,7 +16,7 @@ import (
 
 type host struct{ defs []table.Def }
 
-func (h *host) AppID() string           { return "app" }
+func (h *host) AppID() string             { return "app" }
 func (h *host) RegisterTable(d table.Def) { h.defs = append(h.defs, d) }
 
 // event is a record of partition p being processed by the worker whose
