@@ -11,6 +11,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/hashicorp/go-multierror"
 	"github.com/runnel-dev/runnel/assignor"
+	"github.com/runnel-dev/runnel/changelog"
 	"github.com/runnel-dev/runnel/stores"
 	"github.com/runnel-dev/runnel/table"
 )
@@ -104,11 +105,44 @@ func (w *Worker) globalChangelogs() map[string]int32 {
 func (w *Worker) startGlobals(ctx context.Context) (stop func() error, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	var bg sync.WaitGroup
-	stop = func() error { cancel(); bg.Wait(); return nil }
+	var closers []func() error
+	stop = func() error {
+		cancel()
+		bg.Wait()
+		var errs *multierror.Error
+		for i := len(closers) - 1; i >= 0; i-- {
+			if err := closers[i](); err != nil {
+				errs = multierror.Append(errs, err)
+			}
+		}
+		return errs.ErrorOrNil()
+	}
 	if len(w.glob.tables) == 0 {
 		w.glob.ready.Store(true)
 		return stop, nil
 	}
+	// The followers get their own connections: the worker's client allows one
+	// request in flight per broker (Net.MaxOpenRequests = 1, for the
+	// producer's ordering), so their fetches would queue behind the group's
+	// and the standbys' fetches, each up to Consumer.MaxWaitTime long (measured
+	// on kfake: 200-700 ms of lag with the shared client instead of ~one fetch).
+	brokers, err := resolveBrokers(w.cfg.Brokers)
+	if err != nil {
+		return stop, err
+	}
+	cfg := *w.client.Config()
+	cfg.ClientID += "-globals"
+	client, err := sarama.NewClient(brokers, &cfg)
+	if err != nil {
+		return stop, fmt.Errorf("global tables: connect: %w", err)
+	}
+	closers = append(closers, client.Close)
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return stop, fmt.Errorf("global tables: consumer: %w", err)
+	}
+	closers = append(closers, consumer.Close)
+	restorer := &changelog.Restorer{Client: client, Consumer: consumer, Logger: w.log}
 	started := time.Now()
 	var mu sync.Mutex
 	var errs *multierror.Error
@@ -120,7 +154,7 @@ func (w *Worker) startGlobals(ctx context.Context) (stop func() error, err error
 			go func() {
 				defer bg.Done()
 				topic := g.state.Topic()
-				res, err := w.restorer.Restore(ctx, topic, p, g.state.Store())
+				res, err := restorer.Restore(ctx, topic, p, g.state.Store())
 				restores.Done()
 				if err != nil {
 					mu.Lock()
@@ -136,7 +170,7 @@ func (w *Worker) startGlobals(ctx context.Context) (stop func() error, err error
 				// Follow returns only with an error before ctx ends (a broker
 				// or store failure); the replica must keep tailing, so retry.
 				for ctx.Err() == nil {
-					if err := w.restorer.Follow(ctx, topic, p, g.state.Store()); err != nil {
+					if err := restorer.Follow(ctx, topic, p, g.state.Store()); err != nil {
 						w.log.Warn("global table follower stopped; restarting", "table", g.def.Name(), "partition", p, "err", err)
 						select {
 						case <-ctx.Done():
