@@ -91,6 +91,9 @@ func (w *Worker) setReady(r bool) {
 func (h *handler) restore(ctx context.Context, topic string, p int32) ([]restoreKey, error) {
 	w := h.w
 	src, _ := w.graph.Topic(topic)
+	if err := w.globalsCatchUp(ctx, src.Partitions, p); err != nil {
+		return nil, err
+	}
 	a := w.strategy.Current()
 	var acquired []restoreKey
 	for _, t := range w.tables {

@@ -45,6 +45,7 @@ func (w *Worker) serveHTTP(addr string) (func() error, error) {
 		fmt.Fprintln(rw, "ready")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
+	w.serveTables(mux) // GET /api/tables/{table}/{key} (global_http.go)
 	mux.HandleFunc("GET /api/assignment", func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(rw).Encode(w.Assignment())

@@ -59,6 +59,7 @@ type Worker struct {
 	metrics  *metrics
 
 	parts *tableParts // table partition lifecycles (restores, standby followers)
+	glob  globals     // global-table replicas (global.go)
 
 	mu         sync.Mutex
 	assignment assignor.Assignment               // latest, guarded by mu
@@ -284,6 +285,9 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 				def = d
 			}
 		}
+		if isGlobal(def) {
+			continue // global.go
+		}
 		var st stores.Store
 		if w.opts.MemoryStores {
 			st = stores.NewMemory()
@@ -300,6 +304,12 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	for _, t := range w.tables {
 		w.env.States[t.def.Name()] = t.state
 	}
+	gclosers, err := w.openGlobals(sendChangelog)
+	closers = append(closers, gclosers...)
+	if err != nil {
+		return err
+	}
+	w.env.Globals = w.globalStates()
 	closers = append(closers, func() error {
 		fctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -313,10 +323,13 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 
 	changelogs := map[string]int32{}
 	for _, t := range w.graph.Tables {
-		changelogs[t.Changelog] = t.Partitions
+		if _, global := w.globalChangelogs()[t.Changelog]; !global {
+			changelogs[t.Changelog] = t.Partitions
+		}
 	}
 	w.strategy = assignor.NewStrategy(assignor.Config{
 		Changelogs:   changelogs,
+		Globals:      w.globalChangelogs(),
 		Replicas:     w.cfg.Replicas,
 		Protocol:     w.cfg.rebalanceProtocol(),
 		ProcessID:    w.procID,
@@ -344,6 +357,14 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 			return err
 		}
 		closers = append(closers, stop)
+	}
+
+	// Global tables are restored before the worker joins: no agent reads one
+	// before it holds what the changelog held at start (global.go).
+	stopGlobals, err := w.startGlobals(ctx)
+	closers = append(closers, stopGlobals)
+	if err != nil {
+		return err
 	}
 
 	topics := w.graph.Subscriptions()
@@ -428,6 +449,7 @@ func (w *Worker) onAssignment(a assignor.Assignment) {
 	if w.parts != nil {
 		w.parts.setFollowed(followed)
 	}
+	w.checkGlobals(a)
 	ready := w.parts == nil || w.parts.restoredAll(a)
 	w.mu.Lock()
 	w.assignment = a

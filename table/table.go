@@ -38,6 +38,8 @@ type Env struct {
 	States map[string]*State
 	// Send produces derived records (sinks).
 	Send SendFunc
+	// Globals maps a global table's name to this worker's replica (global.go).
+	Globals map[string]*GlobalState
 }
 
 // Host is what a table registers with: the App.

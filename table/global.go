@@ -1,0 +1,429 @@
+package table
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/runnel-dev/runnel/stores"
+)
+
+// GlobalDef is a table every worker holds in full (a global table): the worker
+// restores every partition of its changelog before it joins the group and
+// keeps tailing all of them. Plain tables do not implement it.
+type GlobalDef interface {
+	Def
+	// AttachReplica registers a worker's replica of the table so that reads
+	// without an event (GlobalTable.Lookup) find one; detach undoes it.
+	AttachReplica(s *GlobalState) (detach func())
+}
+
+// GlobalTable is a typed global table (Kafka Streams' GlobalKTable, Faust's
+// GlobalTable): every worker holds every partition, kept up to date by tailing
+// the changelog "<app>-<table>-changelog" (compacted) on every worker.
+//
+// Reads (Get with an event, Lookup without one) are served from the local
+// replica, from any agent and for any partition. The replica lags the
+// changelog by the time the worker takes to fetch and apply a record (about one
+// fetch wait plus a store batch; docs/tables.md gives measured numbers), except
+// for the worker's own writes, which it reads at once (read-your-writes).
+//
+// Writes follow the rule of plain tables: a write is bound to the event being
+// processed and the key must belong to the event's partition (ErrNotCoPartitioned
+// otherwise), so partition p of a global table is written only by the worker
+// that owns partition p of the source topics (declare the table with the same
+// partition count as the topics it is written from). Before that worker's
+// agents process partition p, the worker's replica of partition p is brought to
+// the changelog's highwater, so read-modify-write (Update) sees every earlier
+// write of the previous owner.
+type GlobalTable[K any, V any] struct {
+	name, topic string
+	kc          codec.Codec[K]
+	vc          codec.Codec[V]
+	opts        options
+
+	mu       sync.Mutex
+	replicas []*GlobalState // attached worker replicas, oldest first; guarded by mu
+}
+
+// NewGlobal declares a global table on h. The changelog topic is created by
+// the worker, compacted, with the table's partition count (Partitions, or that
+// of the app's source topics).
+func NewGlobal[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.Codec[V], opts ...Option) *GlobalTable[K, V] {
+	t := &GlobalTable[K, V]{name: name, topic: changelog.Topic(h.AppID(), name), kc: kc, vc: vc}
+	for _, o := range opts {
+		o(&t.opts)
+	}
+	h.RegisterTable(t)
+	return t
+}
+
+// Name returns the table name.
+func (t *GlobalTable[K, V]) Name() string { return t.name }
+
+// Changelog returns the changelog topic name.
+func (t *GlobalTable[K, V]) Changelog() string { return t.topic }
+
+// Partitions returns the declared partition count (0 = follows the sources).
+func (t *GlobalTable[K, V]) Partitions() int32 { return t.opts.partitions }
+
+// KeyCodec names the key codec.
+func (t *GlobalTable[K, V]) KeyCodec() string { return t.kc.Name() }
+
+// ValueCodec names the value codec.
+func (t *GlobalTable[K, V]) ValueCodec() string { return t.vc.Name() }
+
+// Format decodes a stored key and value.
+func (t *GlobalTable[K, V]) Format(key, value []byte) (string, any, error) {
+	k, err := t.kc.Decode(key)
+	if err != nil {
+		return "", nil, fmt.Errorf("table %s: key: %w", t.name, err)
+	}
+	v, err := t.vc.Decode(value)
+	if err != nil {
+		return "", nil, fmt.Errorf("table %s: value of %v: %w", t.name, k, err)
+	}
+	return fmt.Sprint(k), v, nil
+}
+
+// AttachReplica implements GlobalDef.
+func (t *GlobalTable[K, V]) AttachReplica(s *GlobalState) func() {
+	t.mu.Lock()
+	t.replicas = append(t.replicas, s)
+	t.mu.Unlock()
+	return func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		for i, r := range t.replicas {
+			if r == s {
+				t.replicas = append(t.replicas[:i:i], t.replicas[i+1:]...)
+				return
+			}
+		}
+	}
+}
+
+func (t *GlobalTable[K, V]) current(ev Event) (*GlobalState, error) {
+	env := ev.Env()
+	if env == nil || env.Globals[t.name] == nil {
+		return nil, fmt.Errorf("table %s: %w", t.name, ErrNotRunning)
+	}
+	return env.Globals[t.name], nil
+}
+
+func (t *GlobalTable[K, V]) read(s *GlobalState, key K) (V, bool, error) {
+	var zero V
+	kb, err := t.kc.Encode(key)
+	if err != nil {
+		return zero, false, fmt.Errorf("table %s: encode key: %w", t.name, err)
+	}
+	b, ok, err := s.Lookup(kb)
+	if err != nil || !ok {
+		return zero, false, err
+	}
+	v, err := t.vc.Decode(b)
+	if err != nil {
+		return zero, false, fmt.Errorf("table %s: decode value: %w", t.name, err)
+	}
+	return v, true, nil
+}
+
+// Get returns the value of key from the replica of the worker processing ev,
+// whatever partition the key belongs to, and whether it exists.
+func (t *GlobalTable[K, V]) Get(ev Event, key K) (V, bool, error) {
+	s, err := t.current(ev)
+	if err != nil {
+		var zero V
+		return zero, false, err
+	}
+	return t.read(s, key)
+}
+
+// Lookup returns the value of key from a replica held by this process, without
+// an event (HTTP handlers, timers, code outside agents). When the process runs
+// several workers (dev mode) it reads the one attached first; all of them
+// converge to the changelog. It returns ErrNotRunning (wrapped) when no worker
+// of this process holds the table, and ctx's error if ctx is done.
+//
+// Staleness: a key written by another worker becomes visible here after the
+// replica fetched and applied its changelog record (bounded by the fetch wait,
+// 500 ms by default, plus the broker round trip); before the worker's first
+// restore finished it may read an older value or none.
+func (t *GlobalTable[K, V]) Lookup(ctx context.Context, key K) (V, bool, error) {
+	var zero V
+	if err := ctx.Err(); err != nil {
+		return zero, false, err
+	}
+	t.mu.Lock()
+	var s *GlobalState
+	if len(t.replicas) > 0 {
+		s = t.replicas[0]
+	}
+	t.mu.Unlock()
+	if s == nil {
+		return zero, false, fmt.Errorf("table %s: %w", t.name, ErrNotRunning)
+	}
+	return t.read(s, key)
+}
+
+// Set writes value under key, bound to ev. The key must belong to ev's
+// partition (ErrNotCoPartitioned).
+func (t *GlobalTable[K, V]) Set(ev Event, key K, value V) error {
+	s, err := t.current(ev)
+	if err != nil {
+		return err
+	}
+	kb, err := t.kc.Encode(key)
+	if err != nil {
+		return fmt.Errorf("table %s: encode key: %w", t.name, err)
+	}
+	vb, err := t.vc.Encode(value)
+	if err != nil {
+		return fmt.Errorf("table %s: encode value: %w", t.name, err)
+	}
+	return s.write(ev, kb, vb, false)
+}
+
+// Update replaces the value of key with fn(old), where old is the zero value
+// when the key is absent, and returns the new value. The write is bound to ev.
+func (t *GlobalTable[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
+	old, _, err := t.Get(ev, key)
+	if err != nil {
+		return old, err
+	}
+	nv := fn(old)
+	return nv, t.Set(ev, key, nv)
+}
+
+// Delete removes key (a tombstone in the changelog), bound to ev.
+func (t *GlobalTable[K, V]) Delete(ev Event, key K) error {
+	s, err := t.current(ev)
+	if err != nil {
+		return err
+	}
+	kb, err := t.kc.Encode(key)
+	if err != nil {
+		return fmt.Errorf("table %s: encode key: %w", t.name, err)
+	}
+	return s.write(ev, kb, nil, true)
+}
+
+// GlobalState is one worker's replica of a global table: a store holding every
+// partition, the changelog producer, and the worker's own writes that the
+// replica has not applied yet.
+//
+// Invariant (kept by Store's Apply and write's delivery callback): the store
+// holds exactly the changelog's records up to each partition's applied offset,
+// applied in offset order by the worker's followers, nothing else; the
+// worker's own writes never go to the store directly. A write lives in the
+// overlay from the moment it is made until the follower applied an offset at
+// or past the write's changelog offset, so reads see it at once and never see
+// an older value after it (read-your-writes, no going back in time).
+type GlobalState struct {
+	name, topic string
+	partitions  int32
+	store       stores.Store
+	send        ChangelogSendFunc
+
+	mu      sync.Mutex
+	seq     uint64                            // guarded by mu
+	overlay map[int32]map[string]*globalWrite // newest own write per key not yet applied; guarded by mu
+	applied map[int32]int64                   // changelog offset applied per partition; guarded by mu
+	changed chan struct{}                     // closed and replaced when applied moves; guarded by mu
+}
+
+type globalWrite struct {
+	value   []byte
+	deleted bool
+	seq     uint64
+	offset  int64 // changelog offset once acknowledged, else stores.NoOffset
+}
+
+// NewGlobalState creates the replica of global table d over st (which may hold
+// a previous run's data and checkpoints) with the given producer.
+func NewGlobalState(d Def, partitions int32, st stores.Store, send ChangelogSendFunc) (*GlobalState, error) {
+	s := &GlobalState{name: d.Name(), topic: d.Changelog(), partitions: partitions, store: st, send: send,
+		overlay: map[int32]map[string]*globalWrite{}, applied: map[int32]int64{}, changed: make(chan struct{})}
+	for p := int32(0); p < partitions; p++ {
+		off, err := st.Offset(p)
+		if err != nil {
+			return nil, fmt.Errorf("table %s[%d]: read checkpoint: %w", s.name, p, err)
+		}
+		s.applied[p] = off
+	}
+	return s, nil
+}
+
+// Name returns the table name.
+func (s *GlobalState) Name() string { return s.name }
+
+// Topic returns the changelog topic.
+func (s *GlobalState) Topic() string { return s.topic }
+
+// Partitions returns the table's partition count.
+func (s *GlobalState) Partitions() int32 { return s.partitions }
+
+// Store returns the replica's store as followers must write it: its Apply
+// also advances the applied offsets and retires own writes the batch covers,
+// and DropPartition (a restore rebuilding the partition) resets them.
+func (s *GlobalState) Store() stores.Store { return replicaStore{Store: s.store, s: s} }
+
+// Applied returns the changelog offset applied to partition p
+// (stores.NoOffset when none).
+func (s *GlobalState) Applied(p int32) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.applied[p]
+}
+
+// WaitApplied blocks until partition p's applied offset is at least offset,
+// and returns ctx's error if ctx ends first.
+func (s *GlobalState) WaitApplied(ctx context.Context, p int32, offset int64) error {
+	for {
+		s.mu.Lock()
+		ok, ch := s.applied[p] >= offset, s.changed
+		s.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("table %s[%d]: wait for offset %d: %w", s.name, p, offset, ctx.Err())
+		}
+	}
+}
+
+// Pending returns how many of the worker's own writes the replica has not
+// applied yet (acknowledged or not).
+func (s *GlobalState) Pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, m := range s.overlay {
+		n += len(m)
+	}
+	return n
+}
+
+// Lookup returns the replica's value of an encoded key: the worker's own
+// newest write if the replica has not applied it yet, else the store's.
+func (s *GlobalState) Lookup(key []byte) ([]byte, bool, error) {
+	p := kafka.PartitionFor(key, s.partitions)
+	s.mu.Lock()
+	if o, ok := s.overlay[p][string(key)]; ok {
+		s.mu.Unlock()
+		if o.deleted {
+			return nil, false, nil
+		}
+		return o.value, true, nil
+	}
+	s.mu.Unlock()
+	v, ok, err := s.store.Get(p, key)
+	if err != nil {
+		return nil, false, fmt.Errorf("table %s[%d]: %w", s.name, p, err)
+	}
+	return v, ok, nil
+}
+
+// noteApplied records that the follower applied partition p up to offset and
+// retires the own writes it covers; mu must not be held.
+func (s *GlobalState) noteApplied(p int32, offset int64, reset bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !reset && offset <= s.applied[p] {
+		return
+	}
+	s.applied[p] = offset
+	for k, o := range s.overlay[p] {
+		if o.offset != stores.NoOffset && o.offset <= offset {
+			delete(s.overlay[p], k)
+		}
+	}
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func (s *GlobalState) write(ev Event, key, value []byte, del bool) error {
+	p := ev.Partition()
+	if q := kafka.PartitionFor(key, s.partitions); q != p {
+		return fmt.Errorf("table %s: write of key %q from partition %d: the key belongs to partition %d: %w", s.name, key, p, q, ErrNotCoPartitioned)
+	}
+	s.mu.Lock()
+	done, ok := ev.BindPersist()
+	if !ok {
+		s.mu.Unlock()
+		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrOutsideWindow)
+	}
+	s.seq++
+	seq := s.seq
+	m := s.overlay[p]
+	if m == nil {
+		m = map[string]*globalWrite{}
+		s.overlay[p] = m
+	}
+	k := string(key)
+	m[k] = &globalWrite{value: value, deleted: del, seq: seq, offset: stores.NoOffset}
+	s.mu.Unlock()
+
+	var hs []Header
+	if o, ok := ev.(Originator); ok {
+		org := o.Origin()
+		for _, h := range (changelog.Source{Topic: org.Topic, Partition: org.Partition, Offset: org.Offset}).Headers() {
+			hs = append(hs, Header{Key: h[0], Value: h[1]})
+		}
+	}
+	forget := func() {
+		if o, ok := s.overlay[p][k]; ok && o.seq == seq {
+			delete(s.overlay[p], k)
+		}
+	}
+	err := s.send(s.topic, p, append([]byte(nil), key...), value, hs, func(offset int64, err error) {
+		s.mu.Lock()
+		switch o, ok := s.overlay[p][k]; {
+		case err != nil:
+			forget()
+		case ok && o.seq == seq && s.applied[p] >= offset:
+			forget() // the follower was faster than the acknowledgement
+		case ok && o.seq == seq:
+			o.offset = offset
+		}
+		s.mu.Unlock()
+		done(err)
+	})
+	if err != nil {
+		s.mu.Lock()
+		forget()
+		s.mu.Unlock()
+		done(err)
+		return fmt.Errorf("table %s[%d]: send changelog record: %w", s.name, p, err)
+	}
+	return nil
+}
+
+// replicaStore is the store as a global table's followers write it.
+type replicaStore struct {
+	stores.Store
+	s *GlobalState
+}
+
+func (r replicaStore) Apply(p int32, b *stores.Batch) error {
+	if err := r.Store.Apply(p, b); err != nil {
+		return err
+	}
+	if b != nil && b.Offset != stores.NoOffset {
+		r.s.noteApplied(p, b.Offset, false)
+	}
+	return nil
+}
+
+func (r replicaStore) DropPartition(p int32) error {
+	if err := r.Store.DropPartition(p); err != nil {
+		return err
+	}
+	r.s.noteApplied(p, stores.NoOffset, true)
+	return nil
+}
