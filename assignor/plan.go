@@ -579,14 +579,23 @@ func (p *planner) freeSlot(h int, room func(int) bool, visited, movable []bool, 
 	return false
 }
 
-// balanceActives moves tasks until max-min load <= 1. For the least-loaded
-// member r (ties: the fewest kept previous actives, so that a newcomer
-// receives before an old member) it first looks, breadth-first, for a chain
-// r <- x1 <- ... <- d ending at a member d loaded at least two above r, where
-// every step moves a task to a member that holds state for it: only d loses a
-// task and no move costs a restore. Without such a chain one task moves
-// directly from a most-loaded member (preferring tasks the donor did not own
-// before, then the group where the donor has the largest surplus over r).
+// maxChain is the longest chain of state-backed moves balanceActives uses to
+// shift one task from a member two above the least loaded one. A longer chain
+// is replaced by one direct move (which may cost the receiver a restore): each
+// move of a chain pauses its task for a rebalance round, and chains of up to
+// 16 moves per shifted task made a removal at P=1024 N=128 R=1 move 131
+// partitions where 8 were orphaned (bench TestAssignorMoves).
+const maxChain = 2
+
+// balanceActives moves tasks until max-min load <= 1. Among the least-loaded
+// members (the fewest kept previous actives first, so that a newcomer receives
+// before an old member) it looks, breadth-first, for the shortest chain
+// r <- x1 <- ... <- d of at most maxChain moves ending at a member d loaded at
+// least two above r, where every step moves a task to a member that holds
+// state for it: only d loses a task and no move costs a restore. Without such
+// a chain one task moves directly from a most-loaded member to the first
+// least-loaded one (preferring tasks the donor did not own before, then the
+// group where the donor has the largest surplus over the receiver).
 func (p *planner) balanceActives(gcount [][]int) {
 	n := len(p.members)
 	holds := make([][]int, n) // member -> tasks it holds state for
@@ -603,47 +612,76 @@ func (p *planner) balanceActives(gcount [][]int) {
 	}
 	parent := make([]int, n) // member -> task it gives up along the chain (-1 root, -2 unvisited)
 	from := make([]int, n)   // member -> the member that takes that task
-	for {
-		r, hi := 0, 0
-		for m := range n {
-			if p.load[m] < p.load[r] || (p.load[m] == p.load[r] && kept[m] < kept[r]) {
-				r = m
-			}
-			if p.load[m] > p.load[hi] {
-				hi = m
-			}
+	depth := make([]int, n)
+	var touched []int
+	// chain searches breadth-first from r for a donor at least two above r
+	// within limit moves; it returns the donor (-1 none) and leaves the chain
+	// in parent/from.
+	chain := func(r, limit int) int {
+		for _, m := range touched {
+			parent[m] = -2
 		}
-		if p.load[hi]-p.load[r] <= 1 {
-			return
-		}
-		for i := range parent {
-			parent[i] = -2
-		}
-		parent[r] = -1
+		touched = append(touched[:0], r)
+		parent[r], depth[r] = -1, 0
 		queue := []int{r}
-		end := -1
-		for len(queue) > 0 && end < 0 {
+		for len(queue) > 0 {
 			x := queue[0]
 			queue = queue[1:]
+			if depth[x] == limit {
+				continue
+			}
 			for _, t := range holds[x] {
 				y := p.active[t]
 				if y < 0 || parent[y] != -2 || !p.eligible(x, t) {
 					continue
 				}
-				parent[y], from[y] = t, x
+				parent[y], from[y], depth[y] = t, x, depth[x]+1
+				touched = append(touched, y)
 				if p.load[y]-p.load[r] >= 2 {
-					end = y
-					break
+					return y
 				}
 				queue = append(queue, y)
 			}
 		}
-		if end >= 0 {
-			for y := end; parent[y] != -1; y = from[y] {
+		return -1
+	}
+	for i := range parent {
+		parent[i] = -2
+	}
+	var lows []int
+	for {
+		lo, hi := p.load[0], p.load[0]
+		for m := range n {
+			lo, hi = min(lo, p.load[m]), max(hi, p.load[m])
+		}
+		if hi-lo <= 1 {
+			return
+		}
+		lows = lows[:0]
+		for m := range n {
+			if p.load[m] == lo {
+				lows = append(lows, m)
+			}
+		}
+		slices.SortStableFunc(lows, func(a, b int) int { return kept[a] - kept[b] })
+		// The shortest chain over all least-loaded receivers (a newcomer's
+		// chain wins ties).
+		bestEnd := -1
+		for limit := 1; limit <= maxChain && bestEnd < 0; limit++ {
+			for _, r := range lows {
+				if bestEnd = chain(r, limit); bestEnd >= 0 {
+					break
+				}
+			}
+		}
+		if bestEnd >= 0 {
+			// parent/from hold the chain of the receiver the search stopped at.
+			for y := bestEnd; parent[y] != -1; y = from[y] {
 				p.moveActive(parent[y], y, from[y], gcount, kept)
 			}
 			continue
 		}
+		r := lows[0]
 		// Lexicographic preference: most-loaded donor, a task the donor did
 		// not own before, the group where the donor's surplus over r is largest.
 		bestD, bestT := -1, -1
