@@ -820,10 +820,46 @@ func (p *planner) assignStandbys() {
 	}
 }
 
+// balanceStandbys brings the standby counts per member to the narrowest
+// spread the constraints allow (max-min <= 1 whenever possible, see
+// docs/assignment.md). First direct moves from a member two above another
+// (preferring a receiver that holds state for the task, then one that spreads
+// the active member's replicas); when none is left, augmenting paths: a
+// standby moves d -> x1, one of x1's moves x1 -> x2, ..., into r, so that
+// only d loses and only r gains. Phase 1 searches from the members with the
+// most standbys for one at least two below (lowers the maximum), phase 2
+// backwards from those with the fewest for one at least two above (raises
+// the minimum). The member counts of standby assignments form the bases of a
+// polymatroid (Fujishige, "Submodular Functions and Optimization", on
+// lexicographically optimal bases): when neither search finds a path, the
+// maximum is the least and the minimum the largest any assignment reaches, so
+// the spread is minimal. Paths are shortest (breadth-first), so few standbys
+// move.
 func (p *planner) balanceStandbys(pair [][]int) {
 	n := len(p.members)
+	mst := make([][]int, n) // member -> tasks it is a standby of
+	for t, ss := range p.standby {
+		for _, s := range ss {
+			mst[s] = append(mst[s], t)
+		}
+	}
+	move := func(t, d, r int) {
+		ss := p.standby[t]
+		ss[slices.Index(ss, d)] = r
+		p.sload[d]--
+		p.sload[r]++
+		a := p.active[t]
+		pair[a][d]--
+		pair[a][r]++
+		mst[d] = slices.DeleteFunc(mst[d], func(x int) bool { return x == t })
+		mst[r] = append(mst[r], t)
+	}
+	// canTake: member y may become a standby of t.
+	canTake := func(y, t int) bool {
+		return y != p.active[t] && !slices.Contains(p.standby[t], y) && p.eligible(y, t)
+	}
+	order := make([]int, n)
 	for {
-		order := make([]int, n)
 		for i := range order {
 			order[i] = i
 		}
@@ -837,8 +873,8 @@ func (p *planner) balanceStandbys(pair [][]int) {
 					break
 				}
 				bestT, bestScore := -1, 0
-				for t, ss := range p.standby {
-					if !slices.Contains(ss, d) || p.active[t] == r || slices.Contains(ss, r) || !p.eligible(r, t) {
+				for _, t := range mst[d] {
+					if !canTake(r, t) {
 						continue
 					}
 					a := p.active[t]
@@ -846,28 +882,112 @@ func (p *planner) balanceStandbys(pair [][]int) {
 					if p.isHolder(r, t) {
 						score -= 1 << 30
 					}
-					if bestT < 0 || score < bestScore {
+					if bestT < 0 || score < bestScore || (score == bestScore && t < bestT) {
 						bestT, bestScore = t, score
 					}
 				}
 				if bestT < 0 {
 					continue
 				}
-				ss := p.standby[bestT]
-				ss[slices.Index(ss, d)] = r
-				p.sload[d]--
-				p.sload[r]++
-				a := p.active[bestT]
-				pair[a][d]--
-				pair[a][r]++
+				move(bestT, d, r)
 				moved = true
 				break receivers
 			}
 		}
-		if !moved {
+		if moved {
+			continue
+		}
+		if !p.augmentStandbys(mst, canTake, move, false) && !p.augmentStandbys(mst, canTake, move, true) {
 			return
 		}
 	}
+}
+
+// augmentStandbys runs one breadth-first search for an augmenting path of
+// standby moves and applies it. Forward (raise=false) it starts at the
+// members with the most standbys and ends at one at least two below; with
+// raise it starts at the members with the fewest and walks backwards to one
+// at least two above. It reports whether it moved anything.
+func (p *planner) augmentStandbys(mst [][]int, canTake func(y, t int) bool, move func(t, d, r int), raise bool) bool {
+	n := len(p.members)
+	lo, hi := p.sload[0], p.sload[0]
+	for _, l := range p.sload {
+		lo, hi = min(lo, l), max(hi, l)
+	}
+	if hi-lo <= 1 {
+		return false
+	}
+	via := make([]int, n)  // member -> task moved along the edge that reached it (-1 root, -2 unvisited)
+	prev := make([]int, n) // member -> the member it was reached from
+	for i := range via {
+		via[i] = -2
+	}
+	var queue []int
+	for m := range n {
+		if (!raise && p.sload[m] == hi) || (raise && p.sload[m] == lo) {
+			via[m] = -1
+			queue = append(queue, m)
+		}
+	}
+	end := -1
+	for len(queue) > 0 && end < 0 {
+		x := queue[0]
+		queue = queue[1:]
+		if !raise {
+			// Edge x -> y: x hands one of its standbys t to y.
+			for _, t := range mst[x] {
+				for _, y := range p.groups[p.taskG[t]].eligible {
+					if via[y] != -2 || !canTake(y, t) {
+						continue
+					}
+					via[y], prev[y] = t, x
+					if hi-p.sload[y] >= 2 {
+						end = y
+						break
+					}
+					queue = append(queue, y)
+				}
+				if end >= 0 {
+					break
+				}
+			}
+			continue
+		}
+		// Backwards: edge y -> x, y hands one of its standbys t to x.
+		for y := range n {
+			if via[y] != -2 {
+				continue
+			}
+			for _, t := range mst[y] {
+				if canTake(x, t) {
+					via[y], prev[y] = t, x
+					break
+				}
+			}
+			if via[y] == -2 {
+				continue
+			}
+			if p.sload[y]-lo >= 2 {
+				end = y
+				break
+			}
+			queue = append(queue, y)
+		}
+	}
+	if end < 0 {
+		return false
+	}
+	// Every edge was checked on the state before the path; the members on the
+	// path are distinct, so the moves are valid in any order. Forward, y
+	// receives via[y] from prev[y]; backwards, y gives via[y] to prev[y].
+	for y := end; via[y] != -1; y = prev[y] {
+		if raise {
+			move(via[y], y, prev[y])
+		} else {
+			move(via[y], prev[y], y)
+		}
+	}
+	return true
 }
 
 // lagAware applies KIP-441: an active placed on a member that is not caught up
