@@ -579,14 +579,23 @@ func (p *planner) freeSlot(h int, room func(int) bool, visited, movable []bool, 
 	return false
 }
 
-// balanceActives moves tasks until max-min load <= 1. For the least-loaded
-// member r (ties: the fewest kept previous actives, so that a newcomer
-// receives before an old member) it first looks, breadth-first, for a chain
-// r <- x1 <- ... <- d ending at a member d loaded at least two above r, where
-// every step moves a task to a member that holds state for it: only d loses a
-// task and no move costs a restore. Without such a chain one task moves
-// directly from a most-loaded member (preferring tasks the donor did not own
-// before, then the group where the donor has the largest surplus over r).
+// maxChain is the longest chain of state-backed moves balanceActives uses to
+// shift one task from a member two above the least loaded one. A longer chain
+// is replaced by one direct move (which may cost the receiver a restore): each
+// move of a chain pauses its task for a rebalance round, and chains of up to
+// 16 moves per shifted task made a removal at P=1024 N=128 R=1 move 131
+// partitions where 8 were orphaned (bench TestAssignorMoves).
+const maxChain = 2
+
+// balanceActives moves tasks until max-min load <= 1. Among the least-loaded
+// members (the fewest kept previous actives first, so that a newcomer receives
+// before an old member) it looks, breadth-first, for the shortest chain
+// r <- x1 <- ... <- d of at most maxChain moves ending at a member d loaded at
+// least two above r, where every step moves a task to a member that holds
+// state for it: only d loses a task and no move costs a restore. Without such
+// a chain one task moves directly from a most-loaded member to the first
+// least-loaded one (preferring tasks the donor did not own before, then the
+// group where the donor has the largest surplus over the receiver).
 func (p *planner) balanceActives(gcount [][]int) {
 	n := len(p.members)
 	holds := make([][]int, n) // member -> tasks it holds state for
@@ -603,47 +612,76 @@ func (p *planner) balanceActives(gcount [][]int) {
 	}
 	parent := make([]int, n) // member -> task it gives up along the chain (-1 root, -2 unvisited)
 	from := make([]int, n)   // member -> the member that takes that task
-	for {
-		r, hi := 0, 0
-		for m := range n {
-			if p.load[m] < p.load[r] || (p.load[m] == p.load[r] && kept[m] < kept[r]) {
-				r = m
-			}
-			if p.load[m] > p.load[hi] {
-				hi = m
-			}
+	depth := make([]int, n)
+	var touched []int
+	// chain searches breadth-first from r for a donor at least two above r
+	// within limit moves; it returns the donor (-1 none) and leaves the chain
+	// in parent/from.
+	chain := func(r, limit int) int {
+		for _, m := range touched {
+			parent[m] = -2
 		}
-		if p.load[hi]-p.load[r] <= 1 {
-			return
-		}
-		for i := range parent {
-			parent[i] = -2
-		}
-		parent[r] = -1
+		touched = append(touched[:0], r)
+		parent[r], depth[r] = -1, 0
 		queue := []int{r}
-		end := -1
-		for len(queue) > 0 && end < 0 {
+		for len(queue) > 0 {
 			x := queue[0]
 			queue = queue[1:]
+			if depth[x] == limit {
+				continue
+			}
 			for _, t := range holds[x] {
 				y := p.active[t]
 				if y < 0 || parent[y] != -2 || !p.eligible(x, t) {
 					continue
 				}
-				parent[y], from[y] = t, x
+				parent[y], from[y], depth[y] = t, x, depth[x]+1
+				touched = append(touched, y)
 				if p.load[y]-p.load[r] >= 2 {
-					end = y
-					break
+					return y
 				}
 				queue = append(queue, y)
 			}
 		}
-		if end >= 0 {
-			for y := end; parent[y] != -1; y = from[y] {
+		return -1
+	}
+	for i := range parent {
+		parent[i] = -2
+	}
+	var lows []int
+	for {
+		lo, hi := p.load[0], p.load[0]
+		for m := range n {
+			lo, hi = min(lo, p.load[m]), max(hi, p.load[m])
+		}
+		if hi-lo <= 1 {
+			return
+		}
+		lows = lows[:0]
+		for m := range n {
+			if p.load[m] == lo {
+				lows = append(lows, m)
+			}
+		}
+		slices.SortStableFunc(lows, func(a, b int) int { return kept[a] - kept[b] })
+		// The shortest chain over all least-loaded receivers (a newcomer's
+		// chain wins ties).
+		bestEnd := -1
+		for limit := 1; limit <= maxChain && bestEnd < 0; limit++ {
+			for _, r := range lows {
+				if bestEnd = chain(r, limit); bestEnd >= 0 {
+					break
+				}
+			}
+		}
+		if bestEnd >= 0 {
+			// parent/from hold the chain of the receiver the search stopped at.
+			for y := bestEnd; parent[y] != -1; y = from[y] {
 				p.moveActive(parent[y], y, from[y], gcount, kept)
 			}
 			continue
 		}
+		r := lows[0]
 		// Lexicographic preference: most-loaded donor, a task the donor did
 		// not own before, the group where the donor's surplus over r is largest.
 		bestD, bestT := -1, -1
@@ -782,10 +820,46 @@ func (p *planner) assignStandbys() {
 	}
 }
 
+// balanceStandbys brings the standby counts per member to the narrowest
+// spread the constraints allow (max-min <= 1 whenever possible, see
+// docs/assignment.md). First direct moves from a member two above another
+// (preferring a receiver that holds state for the task, then one that spreads
+// the active member's replicas); when none is left, augmenting paths: a
+// standby moves d -> x1, one of x1's moves x1 -> x2, ..., into r, so that
+// only d loses and only r gains. Phase 1 searches from the members with the
+// most standbys for one at least two below (lowers the maximum), phase 2
+// backwards from those with the fewest for one at least two above (raises
+// the minimum). The member counts of standby assignments form the bases of a
+// polymatroid (Fujishige, "Submodular Functions and Optimization", on
+// lexicographically optimal bases): when neither search finds a path, the
+// maximum is the least and the minimum the largest any assignment reaches, so
+// the spread is minimal. Paths are shortest (breadth-first), so few standbys
+// move.
 func (p *planner) balanceStandbys(pair [][]int) {
 	n := len(p.members)
+	mst := make([][]int, n) // member -> tasks it is a standby of
+	for t, ss := range p.standby {
+		for _, s := range ss {
+			mst[s] = append(mst[s], t)
+		}
+	}
+	move := func(t, d, r int) {
+		ss := p.standby[t]
+		ss[slices.Index(ss, d)] = r
+		p.sload[d]--
+		p.sload[r]++
+		a := p.active[t]
+		pair[a][d]--
+		pair[a][r]++
+		mst[d] = slices.DeleteFunc(mst[d], func(x int) bool { return x == t })
+		mst[r] = append(mst[r], t)
+	}
+	// canTake: member y may become a standby of t.
+	canTake := func(y, t int) bool {
+		return y != p.active[t] && !slices.Contains(p.standby[t], y) && p.eligible(y, t)
+	}
+	order := make([]int, n)
 	for {
-		order := make([]int, n)
 		for i := range order {
 			order[i] = i
 		}
@@ -799,8 +873,8 @@ func (p *planner) balanceStandbys(pair [][]int) {
 					break
 				}
 				bestT, bestScore := -1, 0
-				for t, ss := range p.standby {
-					if !slices.Contains(ss, d) || p.active[t] == r || slices.Contains(ss, r) || !p.eligible(r, t) {
+				for _, t := range mst[d] {
+					if !canTake(r, t) {
 						continue
 					}
 					a := p.active[t]
@@ -808,28 +882,112 @@ func (p *planner) balanceStandbys(pair [][]int) {
 					if p.isHolder(r, t) {
 						score -= 1 << 30
 					}
-					if bestT < 0 || score < bestScore {
+					if bestT < 0 || score < bestScore || (score == bestScore && t < bestT) {
 						bestT, bestScore = t, score
 					}
 				}
 				if bestT < 0 {
 					continue
 				}
-				ss := p.standby[bestT]
-				ss[slices.Index(ss, d)] = r
-				p.sload[d]--
-				p.sload[r]++
-				a := p.active[bestT]
-				pair[a][d]--
-				pair[a][r]++
+				move(bestT, d, r)
 				moved = true
 				break receivers
 			}
 		}
-		if !moved {
+		if moved {
+			continue
+		}
+		if !p.augmentStandbys(mst, canTake, move, false) && !p.augmentStandbys(mst, canTake, move, true) {
 			return
 		}
 	}
+}
+
+// augmentStandbys runs one breadth-first search for an augmenting path of
+// standby moves and applies it. Forward (raise=false) it starts at the
+// members with the most standbys and ends at one at least two below; with
+// raise it starts at the members with the fewest and walks backwards to one
+// at least two above. It reports whether it moved anything.
+func (p *planner) augmentStandbys(mst [][]int, canTake func(y, t int) bool, move func(t, d, r int), raise bool) bool {
+	n := len(p.members)
+	lo, hi := p.sload[0], p.sload[0]
+	for _, l := range p.sload {
+		lo, hi = min(lo, l), max(hi, l)
+	}
+	if hi-lo <= 1 {
+		return false
+	}
+	via := make([]int, n)  // member -> task moved along the edge that reached it (-1 root, -2 unvisited)
+	prev := make([]int, n) // member -> the member it was reached from
+	for i := range via {
+		via[i] = -2
+	}
+	var queue []int
+	for m := range n {
+		if (!raise && p.sload[m] == hi) || (raise && p.sload[m] == lo) {
+			via[m] = -1
+			queue = append(queue, m)
+		}
+	}
+	end := -1
+	for len(queue) > 0 && end < 0 {
+		x := queue[0]
+		queue = queue[1:]
+		if !raise {
+			// Edge x -> y: x hands one of its standbys t to y.
+			for _, t := range mst[x] {
+				for _, y := range p.groups[p.taskG[t]].eligible {
+					if via[y] != -2 || !canTake(y, t) {
+						continue
+					}
+					via[y], prev[y] = t, x
+					if hi-p.sload[y] >= 2 {
+						end = y
+						break
+					}
+					queue = append(queue, y)
+				}
+				if end >= 0 {
+					break
+				}
+			}
+			continue
+		}
+		// Backwards: edge y -> x, y hands one of its standbys t to x.
+		for y := range n {
+			if via[y] != -2 {
+				continue
+			}
+			for _, t := range mst[y] {
+				if canTake(x, t) {
+					via[y], prev[y] = t, x
+					break
+				}
+			}
+			if via[y] == -2 {
+				continue
+			}
+			if p.sload[y]-lo >= 2 {
+				end = y
+				break
+			}
+			queue = append(queue, y)
+		}
+	}
+	if end < 0 {
+		return false
+	}
+	// Every edge was checked on the state before the path; the members on the
+	// path are distinct, so the moves are valid in any order. Forward, y
+	// receives via[y] from prev[y]; backwards, y gives via[y] to prev[y].
+	for y := end; via[y] != -1; y = prev[y] {
+		if raise {
+			move(via[y], y, prev[y])
+		} else {
+			move(via[y], prev[y], y)
+		}
+	}
+	return true
 }
 
 // lagAware applies KIP-441: an active placed on a member that is not caught up

@@ -13,7 +13,7 @@ import (
 // p partitions: owner maps partition -> member after each converged
 // rebalance (cooperative strategies take a follow-up rebalance).
 type assignSim struct {
-	kind    string // "runnel", "runnel-r1", "sticky", "cooperative-sticky"
+	kind    string // "runnel", "runnel-r1", "runnel-r2", "sticky", "cooperative-sticky"
 	p       int32
 	members []string
 	owner   map[int32]string
@@ -46,10 +46,13 @@ func (s *assignSim) rebalance() (map[int32]string, error) {
 	s.gen++
 	next := map[int32]string{}
 	switch s.kind {
-	case "runnel", "runnel-r1":
+	case "runnel", "runnel-r1", "runnel-r2":
 		c := assignor.Cluster{Topics: map[string]int32{"a": s.p}, Cooperative: true}
-		if s.kind == "runnel-r1" {
+		switch s.kind {
+		case "runnel-r1":
 			c.Changelogs, c.Replicas = map[string]int32{"cl": s.p}, 1
+		case "runnel-r2":
+			c.Changelogs, c.Replicas = map[string]int32{"cl": s.p}, 2
 		}
 		for _, id := range s.members {
 			mp := s.prev[id]
@@ -126,8 +129,14 @@ func (s *assignSim) rebalance() (map[int32]string, error) {
 
 // change applies a membership change and rebalances until every partition
 // has an owner (at most 3 rounds); it returns how many partitions ended on a
-// different member than before the change.
-func (s *assignSim) change(add []string, remove []string) (int, error) {
+// different member than before the change, and how many of those (runnel
+// with replicas) went to a member that held no standby of the partition
+// before the change (a full restore).
+func (s *assignSim) change(add []string, remove []string) (moved, stateless int, err error) {
+	hadStandby := map[string][]int32{}
+	for id, mp := range s.prev {
+		hadStandby[id] = slices.Clone(mp.Standbys["cl"])
+	}
 	s.members = slices.DeleteFunc(s.members, func(id string) bool { return slices.Contains(remove, id) })
 	for _, id := range remove {
 		delete(s.prev, id)
@@ -146,20 +155,22 @@ func (s *assignSim) change(add []string, remove []string) (int, error) {
 	for round := 0; round < 3; round++ {
 		next, err := s.rebalance()
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		s.owner = next
 		if len(next) == int(s.p) {
-			moved := 0
 			for q := range s.p {
 				if before[q] != next[q] {
 					moved++
+					if s.kind != "runnel" && !slices.Contains(hadStandby[next[q]], q) {
+						stateless++
+					}
 				}
 			}
-			return moved, nil
+			return moved, stateless, nil
 		}
 	}
-	return 0, fmt.Errorf("%s: not converged after 3 rounds", s.kind)
+	return 0, 0, fmt.Errorf("%s: not converged after 3 rounds", s.kind)
 }
 
 // minMoves is the least number of partitions a change can move: the
@@ -185,22 +196,25 @@ var changeSteps = []changeStep{{add: 1}, {remove: 1}, {add: 2}, {remove: 2}, {ad
 // TestAssignorMoves compares partitions moved per membership change (after
 // convergence) for Runnel's assignor and Sarama's sticky and
 // cooperative-sticky strategies on one topic of P partitions, starting from N
-// members. Runnel moves the minimum on every step.
+// members. Runnel without replicas moves the minimum on every step; with
+// replicas (R=1, 2) every orphan goes to its standby holder, and each task
+// a promotion puts above the balanced load costs at most 1+maxChain moves
+// (assert: at most 3 moves per minimal move).
 func TestAssignorMoves(t *testing.T) {
 	for _, sz := range []struct {
 		p int32
 		n int
 	}{{64, 8}, {1024, 128}} {
-		totals := map[string]int{}
+		totals, restores := map[string]int{}, map[string]int{}
 		lower := 0
-		kinds := []string{"runnel", "runnel-r1", "sticky", "cooperative-sticky"}
+		kinds := []string{"runnel", "runnel-r1", "runnel-r2", "sticky", "cooperative-sticky"}
 		for _, kind := range kinds {
 			s := newSim(kind, sz.p)
 			var ids []string
 			for i := range sz.n {
 				ids = append(ids, fmt.Sprintf("m%04d", i))
 			}
-			if _, err := s.change(ids, nil); err != nil {
+			if _, _, err := s.change(ids, nil); err != nil {
 				t.Fatal(err)
 			}
 			next := sz.n
@@ -217,25 +231,31 @@ func TestAssignorMoves(t *testing.T) {
 				for q, id := range s.owner {
 					before[q] = id
 				}
-				moved, err := s.change(add, rm)
+				moved, stateless, err := s.change(add, rm)
 				if err != nil {
 					t.Fatal(err)
 				}
 				least := minMoves(sz.p, before, rm, len(add), len(s.members))
-				if kind == "runnel" {
+				switch kind {
+				case "runnel":
 					lower += least
 					if moved != least {
 						t.Errorf("P=%d N=%d step %d (%+v): runnel moved %d, minimum %d", sz.p, sz.n, si, st, moved, least)
 					}
+				case "runnel-r1", "runnel-r2":
+					if moved > 3*least {
+						t.Errorf("P=%d N=%d step %d (%+v): %s moved %d, more than 3 x minimum %d", sz.p, sz.n, si, st, kind, moved, least)
+					}
 				}
 				totals[kind] += moved
+				restores[kind] += stateless
 				if testing.Verbose() {
-					t.Logf("P=%d N=%d %s step %d %+v: moved %d (minimum %d)", sz.p, sz.n, kind, si, st, moved, least)
+					t.Logf("P=%d N=%d %s step %d %+v: moved %d (minimum %d, %d to a member without a standby)", sz.p, sz.n, kind, si, st, moved, least, stateless)
 				}
 			}
 		}
-		t.Logf("P=%d N=%d, %d changes: minimum %d moves; runnel %d, runnel R=1 %d, sarama sticky %d, sarama cooperative-sticky %d",
-			sz.p, sz.n, len(changeSteps), lower, totals["runnel"], totals["runnel-r1"], totals["sticky"], totals["cooperative-sticky"])
+		t.Logf("P=%d N=%d, %d changes: minimum %d moves; runnel %d, runnel R=1 %d (%d without a standby), runnel R=2 %d (%d without a standby), sarama sticky %d, sarama cooperative-sticky %d",
+			sz.p, sz.n, len(changeSteps), lower, totals["runnel"], totals["runnel-r1"], restores["runnel-r1"], totals["runnel-r2"], restores["runnel-r2"], totals["sticky"], totals["cooperative-sticky"])
 	}
 }
 
@@ -243,14 +263,14 @@ func TestAssignorMoves(t *testing.T) {
 // member removed) for Runnel (R=0 and R=1) and Sarama's sticky strategies.
 func BenchmarkAssignorPlan(b *testing.B) {
 	const p, n = 1024, 128
-	for _, kind := range []string{"runnel", "runnel-r1", "sticky", "cooperative-sticky"} {
+	for _, kind := range []string{"runnel", "runnel-r1", "runnel-r2", "sticky", "cooperative-sticky"} {
 		b.Run(kind, func(b *testing.B) {
 			s := newSim(kind, p)
 			var ids []string
 			for i := range n {
 				ids = append(ids, fmt.Sprintf("m%04d", i))
 			}
-			if _, err := s.change(ids, nil); err != nil {
+			if _, _, err := s.change(ids, nil); err != nil {
 				b.Fatal(err)
 			}
 			s.members = s.members[1:]
