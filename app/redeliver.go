@@ -272,6 +272,15 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 	for ; running > 0; running-- {
 		<-results
 	}
+	// Wait for the broker's answer to every record the agents sent, so that
+	// the partition's changelog is complete before it is given up: the next
+	// owner restores up to the highwater it sees when it starts, and a write
+	// acknowledged after that would land on top of the new owner's writes.
+	fctx, cancelFlush := context.WithTimeout(context.Background(), w.drainBudget())
+	if err := w.producer.Flush(fctx); err != nil {
+		w.log.Warn("records still in flight when the partition stopped", "topic", pt.topic, "partition", pt.p, "err", err)
+	}
+	cancelFlush()
 	pt.sess.Commit()
 	if first == nil {
 		return nil, false

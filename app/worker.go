@@ -252,7 +252,16 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	}()
 	closers = append(closers, w.client.Close)
 
-	if w.producer, err = kafka.NewProducer(w.client); err != nil {
+	// The producer gets a client (so broker connections) of its own: with one
+	// request in flight per connection (idempotence), a changelog or sink
+	// record would otherwise wait behind fetch long-polls of the group
+	// consumer and the standby followers, up to the fetch max wait each.
+	prodClient, err := sarama.NewClient(brokers, sc)
+	if err != nil {
+		return fmt.Errorf("producer client: %w", err)
+	}
+	closers = append(closers, prodClient.Close)
+	if w.producer, err = kafka.NewProducer(prodClient); err != nil {
 		return err
 	}
 	closers = append(closers, w.producer.Close)

@@ -258,6 +258,7 @@ type State struct {
 	seq     uint64                         // guarded by mu
 	overlay map[int32]map[string]overlayed // newest unacknowledged write per key; guarded by mu
 	active  map[int32]bool                 // partitions this worker may write; guarded by mu
+	epoch   map[int32]uint64               // bumped on every activation change of a partition; guarded by mu
 
 	// markMu serializes the application of acknowledged writes, so that a
 	// mark read from marks is the one in the store when the batch raising it
@@ -278,7 +279,7 @@ type overlayed struct {
 // NewState creates the runtime of table d with the given store and producer.
 func NewState(d Def, partitions int32, st stores.Store, send ChangelogSendFunc) *State {
 	return &State{name: d.Name(), topic: d.Changelog(), partitions: partitions, store: st, send: send,
-		overlay: map[int32]map[string]overlayed{}, active: map[int32]bool{}, marks: map[int32]map[string]int64{}}
+		overlay: map[int32]map[string]overlayed{}, active: map[int32]bool{}, epoch: map[int32]uint64{}, marks: map[int32]map[string]int64{}}
 }
 
 // Store returns the table's store.
@@ -294,10 +295,16 @@ func (s *State) SetActive(p int32, active bool) {
 	s.markMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.active[p] != active {
+		s.epoch[p]++
+	}
 	if active {
 		s.active[p] = true
 	} else {
 		delete(s.active, p)
+		// Writes not acknowledged yet no longer shadow the store: after the
+		// release the store is brought up to date from the changelog.
+		delete(s.overlay, p)
 	}
 }
 
@@ -331,6 +338,7 @@ func (s *State) write(ev Event, key, value []byte, del bool) error {
 	}
 	s.seq++
 	seq := s.seq
+	epoch := s.epoch[p]
 	m := s.overlay[p]
 	if m == nil {
 		m = map[string]overlayed{}
@@ -351,7 +359,13 @@ func (s *State) write(ev Event, key, value []byte, del bool) error {
 		}
 	}
 	err := s.send(s.topic, p, kc, value, hs, func(offset int64, err error) {
-		if err == nil {
+		s.mu.Lock()
+		// Only the activation that made the write may apply its ack: once the
+		// partition was released (or released and acquired again), the store
+		// belongs to the restore or the standby follower, which apply this
+		// record from the changelog in offset order. Applying a late ack there
+		// could put an older value, and an older checkpoint, over newer ones.
+		if err == nil && s.epoch[p] == epoch && s.active[p] {
 			b := &stores.Batch{Offset: offset}
 			if del {
 				b.Delete(kc)
@@ -360,7 +374,6 @@ func (s *State) write(ev Event, key, value []byte, del bool) error {
 			}
 			err = s.applyAcked(p, b, src)
 		}
-		s.mu.Lock()
 		if o, ok := s.overlay[p][k]; ok && o.seq == seq {
 			delete(s.overlay[p], k)
 		}

@@ -99,7 +99,10 @@ func build(t *testing.T) *pipeline.Pipeline {
 		app.WithTopicPrefix(id+"-"),
 		app.WithLogger(logger),
 		app.WithCommitInterval(200*time.Millisecond),
-		app.WithGroupTimeouts(kafka.TestTimeouts.Session, kafka.TestTimeouts.Heartbeat, kafka.TestTimeouts.Rebalance, kafka.TestTimeouts.MaxWait))
+		// A session longer than kfake's recommended 3 s: CI runs the packages'
+		// tests in parallel under -race, and a member starved past its session
+		// timeout is evicted while it still works (see docs/semantics.md).
+		app.WithGroupTimeouts(10*time.Second, 300*time.Millisecond, 15*time.Second, kafka.TestTimeouts.MaxWait))
 }
 
 type testWriter struct{ t *testing.T }
