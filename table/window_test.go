@@ -171,6 +171,22 @@ func produce(t *testing.T, brokers []string, topic string, cs []change) {
 	}
 }
 
+// createSource creates the source topic before the worker does, without
+// time retention: its records carry timestamps from 2005 on, which the
+// default retention.ms (7 days, by record timestamp) would delete before the
+// worker reads them.
+func createSource(t *testing.T, brokers []string, topic string) {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(brokers, testbroker.SaramaConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := kafka.EnsureTopics(admin, 1, []kafka.TopicSpec{{Name: topic, Partitions: parts, Config: map[string]string{"retention.ms": "-1"}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func waitTopic(t *testing.T, client sarama.Client, topic string) {
 	t.Helper()
 	for i := 0; ; i++ {
@@ -351,7 +367,7 @@ func checkOpenRows(t *testing.T, m *weekModel, rows map[string]any) {
 // ones are deleted at close: retention = size + grace).
 func TestTumblingWeeksRealData(t *testing.T) {
 	const grace = 28 * 24 * time.Hour
-	cs := readChanges(t, 30000)
+	cs := readChanges(t, 1<<30) // the whole file
 	m := newWeekModel(grace)
 	for _, c := range cs {
 		m.add(c)
@@ -363,6 +379,7 @@ func TestTumblingWeeksRealData(t *testing.T) {
 	id := testbroker.Topic(t, "weeks")
 	closes := newCloseLog()
 	w := newWeekApp(id, grace, closes)
+	createSource(t, brokers, w.changes.Name())
 	stop := startWorker(t, w.app, brokers, t.TempDir())
 	start := time.Now()
 	produce(t, brokers, w.changes.Name(), cs)
@@ -390,10 +407,13 @@ func TestTumblingWeeksRealData(t *testing.T) {
 // the same data dir with a fresh declaration of the app (nothing in memory
 // survives): the expiry index is rebuilt from the Pebble store, windows closed
 // before the stop never close again, the others close once, with final counts
-// that include the records processed before the stop.
+// that include the records processed before the stop. Then more records come
+// and a worker with an empty data dir takes over: it restores the store from
+// the changelog (watermarks included) and rebuilds the index from it.
 func TestWindowsCloseOnceAcrossRestart(t *testing.T) {
 	const grace = 28 * 24 * time.Hour
-	cs := readChanges(t, 20000)
+	all := readChanges(t, 25000)
+	cs, more := all[:20000], all[20000:]
 	m := newWeekModel(grace)
 	for _, c := range cs {
 		m.add(c)
@@ -403,6 +423,7 @@ func TestWindowsCloseOnceAcrossRestart(t *testing.T) {
 	dir := t.TempDir()
 	closes := newCloseLog()
 	first := newWeekApp(id, grace, closes)
+	createSource(t, brokers, first.changes.Name())
 	stop := startWorker(t, first.app, brokers, dir)
 	produce(t, brokers, first.changes.Name(), cs)
 	for deadline := time.Now().Add(60 * time.Second); closes.n.Load() < int64(len(m.closed))/4; {
@@ -431,6 +452,25 @@ func TestWindowsCloseOnceAcrossRestart(t *testing.T) {
 		t.Errorf("late records %d, want %d", late, m.late)
 	}
 	rows, _ := readWindows(t, brokers, second.weeks)
+	checkOpenRows(t, m, rows)
+
+	for _, c := range more {
+		m.add(c)
+	}
+	beforeFresh := closes.n.Load()
+	third := newWeekApp(id, grace, closes)
+	stop = startWorker(t, third.app, brokers, t.TempDir())
+	produce(t, brokers, third.changes.Name(), more)
+	waitLag0(t, brokers, id, third.changes.Name())
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("a fresh worker closed %d more windows (of %d in all)", closes.n.Load()-beforeFresh, len(m.closed))
+	if closes.n.Load() == beforeFresh {
+		t.Fatal("the fresh worker closed nothing; the scenario needs closes after the restore")
+	}
+	checkCloses(t, m, closes.finals)
+	rows, _ = readWindows(t, brokers, third.weeks)
 	checkOpenRows(t, m, rows)
 }
 
