@@ -181,7 +181,7 @@ func (w *Worker) topicSpecs() []kafka.TopicSpec {
 		specs = append(specs, kafka.TopicSpec{Name: t.Name, Partitions: t.Partitions})
 	}
 	for _, t := range w.graph.Tables {
-		specs = append(specs, changelog.Spec(t.Changelog, t.Partitions))
+		specs = append(specs, changelog.Spec(t.Changelog, t.Partitions, w.changelogConfig(t.Name)))
 	}
 	return append(specs, w.dlqSpecs()...)
 }
@@ -621,7 +621,9 @@ func (tp *tableParts) acquire(ctx context.Context, k restoreKey) error {
 		w.metrics.restored.WithLabelValues(k.table).Add(float64(res.Records))
 		w.log.Info("restored", "table", k.table, "partition", k.p, "records", res.Records,
 			"from", res.From, "to", res.To, "rebuilt", res.Rebuilt, "elapsed", res.Elapsed)
-		t.state.SetActive(k.p, true)
+		if g.err = w.activatePartition(t, k.p); g.err == nil {
+			t.state.SetActive(k.p, true)
+		}
 	})
 	select {
 	case <-g.done:
@@ -644,6 +646,7 @@ func (tp *tableParts) release(keys []restoreKey) {
 		p.claims = 0
 		if t := tp.w.tableByName(k.table); t != nil {
 			t.state.SetActive(k.p, false)
+			tp.w.deactivatePartition(t, k.p)
 		}
 		p.gate = nil
 		if p.wantFollow {

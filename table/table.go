@@ -322,8 +322,15 @@ func (s *State) get(p int32, key []byte) ([]byte, bool, error) {
 }
 
 func (s *State) write(ev Event, key, value []byte, del bool) error {
+	return s.writeRouted(ev, key, key, value, del)
+}
+
+// writeRouted is write with the co-partitioning check made on route instead
+// of key: a windowed table stores key+window start, and the partition is that
+// of the table key alone (window.go).
+func (s *State) writeRouted(ev Event, route, key, value []byte, del bool) error {
 	p := ev.Partition()
-	if q := kafka.PartitionFor(key, s.partitions); q != p {
+	if q := kafka.PartitionFor(route, s.partitions); q != p {
 		return fmt.Errorf("table %s: write of key %q from partition %d: the key belongs to partition %d: %w", s.name, key, p, q, ErrNotCoPartitioned)
 	}
 	s.mu.Lock()
