@@ -188,11 +188,21 @@ func (e *Event[K, V]) BindPersist() (func(error), bool) {
 	if !ok {
 		return nil, false
 	}
+	var inflight *table.InFlight
+	if e.env != nil {
+		inflight = e.env.InFlight
+	}
+	if inflight != nil {
+		inflight.Add()
+	}
 	return func(err error) {
 		if err == nil {
 			tok.Confirm()
 		} else {
 			tok.Fail(err)
+		}
+		if inflight != nil {
+			inflight.Done()
 		}
 	}, true
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/table"
 )
 
 // handler is the sarama.ConsumerGroupHandler of a worker: one generation's
@@ -131,7 +132,11 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 		}
 	}
 	pt := &partition{h: h, w: w, sess: sess, topic: topic, p: p, key: fmt.Sprintf("%s[%d]", topic, p),
-		runners: runners, feed: newClaimFeed(claim), retry: w.cfg.redelivery.withDefaults(), attempts: map[int64]int{}}
+		runners: runners, feed: newClaimFeed(claim), retry: w.cfg.redelivery.withDefaults(), attempts: map[int64]int{},
+		inflight: &table.InFlight{}}
+	env := *w.env
+	env.InFlight = pt.inflight
+	pt.env = &env
 	// run returns nil on a revoke (after draining and committing), the
 	// agent's error under agent.StopWorker (the worker stops); failures that
 	// restart the partition are handled inside, within the session.
@@ -143,7 +148,9 @@ func (w *Worker) drainBudget() time.Duration {
 	if r <= 0 {
 		r = 60 * time.Second
 	}
-	return min(r/2, 10*time.Second)
+	// Drain and the in-flight wait each get a third, so that together they stay
+	// below the rebalance timeout (sarama gives up on a revoke after it).
+	return min(r/3, 10*time.Second)
 }
 
 func (w *Worker) markReadyIfRestored(*handler) {

@@ -10,6 +10,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/agent/source"
+	"github.com/runnel-dev/runnel/table"
 )
 
 // Redelivery bounds how often a failed record is redelivered and how long the
@@ -190,6 +191,10 @@ type partition struct {
 	feed    *claimFeed
 	retry   Redelivery
 
+	// env is the worker's table.Env with this partition's in-flight counter.
+	env      *table.Env
+	inflight *table.InFlight
+
 	mu       sync.Mutex
 	attempts map[int64]int // failed deliveries per offset, kept across incarnations; guarded by mu
 }
@@ -276,8 +281,10 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 	// the partition's changelog is complete before it is given up: the next
 	// owner restores up to the highwater it sees when it starts, and a write
 	// acknowledged after that would land on top of the new owner's writes.
+	// Only this partition's records count: the producer as a whole is never
+	// idle under load on other partitions.
 	fctx, cancelFlush := context.WithTimeout(context.Background(), w.drainBudget())
-	if err := w.producer.Flush(fctx); err != nil {
+	if err := pt.inflight.Wait(fctx); err != nil {
 		w.log.Warn("records still in flight when the partition stopped", "topic", pt.topic, "partition", pt.p, "err", err)
 	}
 	cancelFlush()
@@ -309,7 +316,7 @@ func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source
 	failures := 0
 	for {
 		began := time.Now()
-		err := r.Run(actx, pt.p, sub, w.env)
+		err := r.Run(actx, pt.p, sub, pt.env)
 		if err == nil || actx.Err() != nil {
 			return agentResult{r: r, sub: sub}
 		}

@@ -263,6 +263,13 @@ func (r *Restorer) logger() *slog.Logger {
 
 func (r *Restorer) run(ctx context.Context, topic string, p int32, st stores.Store, follow bool, o runOpts) (Result, error) {
 	var res Result
+	// moved counts reads that ran below a log start moved while reading: the
+	// records skipped were removed by compaction (superseded by later records
+	// of the same key, which the read still gets), so the read resumes at the
+	// new log start instead of wiping. kfake moves the log start whenever it
+	// compacts the head of a partition; Kafka never does for compaction, only
+	// for retention and DeleteRecords (docs/kafka-compat.md).
+	moved := 0
 	for attempt := 0; ; attempt++ {
 		checkpoint, err := st.Offset(p)
 		if err != nil {
@@ -290,6 +297,8 @@ func (r *Restorer) run(ctx context.Context, topic string, p int32, st stores.Sto
 		switch {
 		case from > end:
 			wipe = "changelog checkpoint ahead of the highwater (topic recreated?)"
+		case from < oldest && moved > 0:
+			from = oldest
 		case from < oldest:
 			wipe = "changelog checkpoint below the log start offset"
 		case o.committed != nil && !follow:
@@ -322,13 +331,16 @@ func (r *Restorer) run(ctx context.Context, topic string, p int32, st stores.Sto
 		n, skipped, err := r.consume(ctx, topic, p, st, from, end, follow, o)
 		res.Records += n
 		res.Skipped += skipped
-		if errors.Is(err, sarama.ErrOffsetOutOfRange) && attempt == 0 {
-			r.logger().Warn("changelog offset out of range (log start moved); wiping the partition and rebuilding it from the earliest offset",
+		if errors.Is(err, sarama.ErrOffsetOutOfRange) && (follow || moved < 20) {
+			moved++
+			attempt = 0
+			r.logger().Info("changelog log start moved past the read position (compaction); resuming at the new log start",
 				"topic", topic, "partition", p, "offset", from)
-			if err := st.DropPartition(p); err != nil {
-				return res, err
+			select {
+			case <-ctx.Done():
+				return res, ctx.Err()
+			case <-time.After(time.Duration(min(moved, 10)) * 20 * time.Millisecond):
 			}
-			res.Rebuilt = true
 			continue
 		}
 		return res, err

@@ -1,6 +1,7 @@
 package table
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -40,6 +41,57 @@ type Env struct {
 	Send SendFunc
 	// Globals maps a global table's name to this worker's replica (global.go).
 	Globals map[string]*GlobalState
+	// InFlight, when set, counts the derived records of the events of one
+	// source partition that the broker has not answered yet; the worker waits
+	// for it before it gives the partition up.
+	InFlight *InFlight
+}
+
+// InFlight counts derived records (changelog writes, sink records) sent and
+// not yet answered by the broker. The zero value is ready to use.
+type InFlight struct {
+	mu   sync.Mutex
+	n    int           // guarded by mu
+	zero chan struct{} // closed when n drops to 0; nil while n is 0; guarded by mu
+}
+
+// Add counts one more record in flight.
+func (f *InFlight) Add() {
+	f.mu.Lock()
+	if f.n == 0 {
+		f.zero = make(chan struct{})
+	}
+	f.n++
+	f.mu.Unlock()
+}
+
+// Done counts one record answered.
+func (f *InFlight) Done() {
+	f.mu.Lock()
+	if f.n--; f.n == 0 {
+		close(f.zero)
+		f.zero = nil
+	}
+	f.mu.Unlock()
+}
+
+// Wait returns when no record is in flight, or ctx's error (with the count).
+func (f *InFlight) Wait(ctx context.Context) error {
+	f.mu.Lock()
+	n, zero := f.n, f.zero
+	f.mu.Unlock()
+	if n == 0 {
+		return nil
+	}
+	select {
+	case <-zero:
+		return nil
+	case <-ctx.Done():
+		f.mu.Lock()
+		n = f.n
+		f.mu.Unlock()
+		return fmt.Errorf("%d derived records still in flight: %w", n, ctx.Err())
+	}
 }
 
 // Host is what a table registers with: the App.
