@@ -131,11 +131,14 @@ func (w *Worker) followOptions(ctx context.Context, wg *sync.WaitGroup) []change
 		tr.m = m
 		tr.mu.Unlock()
 	}
-	refresh()
 	interval := min(max(w.cfg.CommitInterval/2, 100*time.Millisecond), 2*time.Second)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		// The first fetch runs here, not in the caller, which holds the
+		// table-partition lock inside assignment handling; until it answers,
+		// every stamped record is held back.
+		refresh()
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {

@@ -223,7 +223,15 @@ func (t *Table[K, V]) Set(ev Event, key K, value V) error {
 
 // Update replaces the value of key with fn(old), where old is the zero value
 // when the key is absent, and returns the new value. The write is bound to ev.
+//
+// The read and the write are one step for the partition: agents that update
+// the same table partition concurrently (several agents on one topic, or on
+// co-partitioned topics) never lose each other's updates. fn must not use the
+// same table.
 func (t *Table[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
+	if s, err := t.current(ev); err == nil {
+		defer s.lockPartition(ev.Partition())()
+	}
 	old, _, err := t.Get(ev, key)
 	if err != nil {
 		return old, err
@@ -311,6 +319,7 @@ type State struct {
 	overlay map[int32]map[string]overlayed // newest unacknowledged write per key; guarded by mu
 	active  map[int32]bool                 // partitions this worker may write; guarded by mu
 	epoch   map[int32]uint64               // bumped on every activation change of a partition; guarded by mu
+	rmw     map[int32]*sync.Mutex          // per-partition lock of Update's read-modify-write; map guarded by mu
 
 	// markMu serializes the application of acknowledged writes, so that a
 	// mark read from marks is the one in the store when the batch raising it
@@ -339,6 +348,23 @@ func (s *State) Store() stores.Store { return s.store }
 
 // Topic returns the changelog topic.
 func (s *State) Topic() string { return s.topic }
+
+// lockPartition serializes read-modify-write updates of partition p and
+// returns the unlock.
+func (s *State) lockPartition(p int32) func() {
+	s.mu.Lock()
+	if s.rmw == nil {
+		s.rmw = map[int32]*sync.Mutex{}
+	}
+	m := s.rmw[p]
+	if m == nil {
+		m = &sync.Mutex{}
+		s.rmw[p] = m
+	}
+	s.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
 
 // SetActive marks partition p as owned (writable) by this worker or not.
 func (s *State) SetActive(p int32, active bool) {
