@@ -33,12 +33,18 @@ const (
 type binding struct {
 	sub   *subscriber
 	state bindState
-	// seqs are the unconfirmed persist tokens bound in this window.
-	// Invariant: state==bClosed implies len(seqs)>0; state==bResolved implies seqs==nil.
+	// seqs are the unconfirmed persist tokens bound in this window; seqs are
+	// unique in the group, so a token of an earlier use of a recycled entry
+	// never matches. Invariant: state==bClosed implies len(seqs)>0;
+	// state==bResolved implies len(seqs)==0 (the backing array is kept for
+	// the entry's next use).
 	seqs []uint64
 }
 
-// entry is one fanned-out record of an ack-mode group.
+// entry is one fanned-out record of an ack-mode group. Entries are recycled
+// (group.free) once the pump advanced them: a Delivery identifies its window
+// by its own pointer (subscriber.winD) and a Token by its group-unique seq, so
+// neither can act on a later use of the same entry.
 type entry struct {
 	id      uint64
 	rec     *Record
@@ -88,10 +94,13 @@ type subscriber struct {
 	failed bool // overflow or ack timeout: excluded from later snapshots
 	gone   bool // unsubscribed
 	// win, winIdx name the open window (ack mode): the binding win.binds[winIdx]
-	// of the record last returned by Next. Invariant: at most one window per
-	// subscriber; win==nil between Next calls that returned no record.
+	// of the record last returned by Next, and winD the Delivery Next returned
+	// for it. Invariant: at most one window per subscriber; win==nil and
+	// winD==nil between Next calls that returned no record, and once win was
+	// recycled (group.recycleLocked clears them).
 	win    *entry
 	winIdx int
+	winD   *Delivery
 }
 
 func (s *subscriber) qlen() int { return len(s.queue) - s.qhead }
@@ -160,7 +169,21 @@ type group struct {
 	// spaceCh is non-nil while emit waits for queue room (Backpressure); it is
 	// closed when room may have appeared (guarded by mu).
 	spaceCh chan struct{}
+	// lastLane is the lane of the previous emit (guarded by mu): most
+	// producers emit runs of one lane, so the laneIdx lookup is skipped
+	// while the key repeats and the lane is live.
+	lastLane *lane
+	// free holds advanced entries for reuse, at most maxFree (guarded by mu).
+	free []*entry
+	// popped and advanced are owned by the pump goroutine: the entries of
+	// the current batch, and those of the previous batches waiting to be
+	// recycled at the next harvest.
+	popped, advanced []*entry
+	batch            []AdvanceItem
 }
+
+// maxFree bounds the entry free list of a group.
+const maxFree = 4096
 
 func newGroup(m *Manager, key string, factory ProducerFactory, open OpenFunc) *group {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -316,6 +339,10 @@ func (g *group) closeProducer(p Producer) {
 // comparableLane reports an error instead of panicking when a lane cannot be
 // a map key (a slice, a map, a func, or a struct holding one).
 func comparableLane(k any) (err error) {
+	switch k.(type) {
+	case nil, int32, int64, int, uint32, uint64, string:
+		return nil // the common lanes: skip the deferred recover
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("lane %T is not comparable: %v", k, r)
@@ -404,13 +431,18 @@ func (g *group) emit(rec *Record, payload any) error {
 	if !g.waitRoomLocked() {
 		return g.stoppedErr()
 	}
-	ln := g.laneIdx[key]
-	if ln == nil {
-		ln = &lane{key: key}
-		g.laneIdx[key] = ln
-		g.lanes = append(g.lanes, ln)
+	ln := g.lastLane
+	if ln == nil || ln.deleted || ln.key != key {
+		ln = g.laneIdx[key]
+		if ln == nil {
+			ln = &lane{key: key}
+			g.laneIdx[key] = ln
+			g.lanes = append(g.lanes, ln)
+		}
+		g.lastLane = ln
 	}
-	e := &entry{id: g.nextEvent, rec: rec, payload: payload, lane: ln, created: g.m.now()}
+	e := g.newEntryLocked()
+	e.id, e.rec, e.payload, e.lane, e.created = g.nextEvent, rec, payload, ln, g.m.now()
 	g.nextEvent++
 	n := 0
 	for _, s := range g.subs {
@@ -418,14 +450,19 @@ func (g *group) emit(rec *Record, payload any) error {
 			n++
 		}
 	}
-	if n == 1 {
+	switch {
+	case n == 1:
 		e.binds = e.inline[:0]
-	} else {
+	case cap(e.binds) < n: // also when binds was the inline array
 		e.binds = make([]binding, 0, n)
+	default:
+		e.binds = e.binds[:0]
 	}
 	for _, s := range g.subs {
 		if !s.failed {
-			e.binds = append(e.binds, binding{sub: s})
+			k := len(e.binds)
+			e.binds = e.binds[:k+1]
+			e.binds[k].sub, e.binds[k].state, e.binds[k].seqs = s, bQueued, e.binds[k].seqs[:0]
 		}
 	}
 	e.pending = n
@@ -449,6 +486,42 @@ func (g *group) emit(rec *Record, payload any) error {
 		s.push(queueItem{rec: rec, e: e, bi: i})
 	}
 	return nil
+}
+
+// newEntryLocked returns a zeroed entry from the free list or a new one.
+func (g *group) newEntryLocked() *entry {
+	if n := len(g.free); n > 0 {
+		e := g.free[n-1]
+		g.free[n-1] = nil
+		g.free = g.free[:n-1]
+		return e
+	}
+	return &entry{}
+}
+
+// recycleLocked puts advanced entries on the free list. An advanced entry is
+// referenced only by stale Deliveries and Tokens (which check winD and their
+// seq) and by the window of a subscriber that resolved it without closing
+// the window (Reject, Fail, a failure): that window is closed here, as a
+// resolved binding makes closing it a no-op.
+func (g *group) recycleLocked(es []*entry) {
+	for _, e := range es {
+		for i := range e.binds {
+			b := &e.binds[i]
+			if s := b.sub; s != nil && s.win == e && s.winIdx == i {
+				s.win, s.winD = nil, nil
+			}
+			b.sub = nil
+		}
+		e.rec, e.payload, e.lane = nil, nil, nil
+		e.pending, e.out = 0, Outcome{}
+		// The producer may keep the cause slices it was handed.
+		e.causes, e.causeIDs = nil, nil
+		if len(g.free) < maxFree {
+			g.free = append(g.free, e)
+		}
+	}
+	clear(es)
 }
 
 // overflowLocked fails s for overflow (FailSubscriber policy).
@@ -499,7 +572,7 @@ func (g *group) resolveLocked(e *entry, i int, k outcomeKind, cause error) {
 		return
 	}
 	b.state = bResolved
-	b.seqs = nil
+	b.seqs = b.seqs[:0]
 	switch k {
 	case outAcked:
 		e.out.Acked++
@@ -522,7 +595,7 @@ func (g *group) resolveLocked(e *entry, i int, k outcomeKind, cause error) {
 // unconfirmed, otherwise it waits for the confirmations (bClosed).
 func (g *group) closeWindowLocked(s *subscriber) {
 	e, i := s.win, s.winIdx
-	s.win = nil
+	s.win, s.winD = nil, nil
 	if e == nil || g.state != running {
 		return
 	}
@@ -574,20 +647,27 @@ func (g *group) pass(ctx context.Context) (bool, error) {
 	progressed := false
 	for _, ln := range lanes {
 		g.mu.Lock()
-		popped := g.harvestLocked(ln)
+		g.recycleLocked(g.advanced)
+		g.advanced = g.advanced[:0]
+		popped := g.harvestLocked(ln, g.popped[:0])
 		g.mu.Unlock()
 		if len(popped) == 0 {
 			continue
 		}
 		progressed = true
 		// Resolved entries are immutable (resolveLocked and
-		// failEverywhereLocked skip them), so the batch is built without
-		// holding g.mu: a long harvest must not stall the poll loop.
-		batch := make([]AdvanceItem, len(popped))
-		for k, e := range popped {
-			batch[k] = AdvanceItem{Record: e.rec, Payload: e.payload, Outcome: e.out, Causes: e.causes, CauseIDs: e.causeIDs}
+		// failEverywhereLocked skip them) until recycled at the next
+		// harvest, so the batch is built without holding g.mu: a long
+		// harvest must not stall the poll loop.
+		batch := slices.Grow(g.batch[:0], len(popped))
+		for _, e := range popped {
+			batch = append(batch, AdvanceItem{Record: e.rec, Payload: e.payload, Outcome: e.out, Causes: e.causes, CauseIDs: e.causeIDs})
 		}
-		if err := g.producer.Advance(ctx, batch); err != nil {
+		g.popped, g.advanced = g.advanced, popped
+		err := g.producer.Advance(ctx, batch)
+		clear(batch) // the slice is reused: drop the records it points at
+		g.batch = batch[:0]
+		if err != nil {
 			return progressed, err
 		}
 	}
@@ -596,14 +676,14 @@ func (g *group) pass(ctx context.Context) (bool, error) {
 	return progressed, nil
 }
 
-// harvestLocked pops the maximal resolved prefix of ln and deletes ln when it
-// empties; the returned slice is a copy owned by the caller.
-func (g *group) harvestLocked(ln *lane) []*entry {
+// harvestLocked pops the maximal resolved prefix of ln, appending it to dst,
+// and deletes ln when it empties.
+func (g *group) harvestLocked(ln *lane, dst []*entry) []*entry {
 	start := ln.head
 	for ln.head < len(ln.q) && ln.q[ln.head].pending == 0 {
 		ln.head++
 	}
-	popped := slices.Clone(ln.q[start:ln.head])
+	popped := append(dst, ln.q[start:ln.head]...)
 	clear(ln.q[start:ln.head])
 	if ln.deleted {
 		return popped

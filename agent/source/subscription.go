@@ -43,7 +43,7 @@ func (s *Subscription) Next(ctx context.Context) (*Delivery, error) {
 			d := &Delivery{Record: it.rec, s: sub, e: it.e, i: it.bi}
 			if it.e != nil && it.e.binds[it.bi].state == bQueued {
 				it.e.binds[it.bi].state = bOpen
-				sub.win, sub.winIdx = it.e, it.bi
+				sub.win, sub.winIdx, sub.winD = it.e, it.bi, d
 			}
 			g.mu.Unlock()
 			return d, nil
@@ -87,7 +87,7 @@ func (s *Subscription) Unsubscribe(cause error) {
 	clear(sub.queue)
 	sub.queue, sub.qhead = nil, 0
 	win, winIdx := sub.win, sub.winIdx
-	sub.win = nil
+	sub.win, sub.winD = nil, nil
 	for i, x := range g.subs {
 		if x == sub {
 			g.subs = append(g.subs[:i], g.subs[i+1:]...)
@@ -165,7 +165,7 @@ func (d *Delivery) Bind() (tok Token, ok bool) {
 	g := d.s.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.state != running || d.s.win != d.e || d.s.winIdx != d.i {
+	if g.state != running || d.s.winD != d {
 		return Token{}, false
 	}
 	b := &d.e.binds[d.i]
@@ -190,7 +190,7 @@ func (d *Delivery) Reject(reason error) bool {
 		return false
 	}
 	g.mu.Lock()
-	if g.state != running || d.s.win != d.e || d.s.winIdx != d.i {
+	if g.state != running || d.s.winD != d {
 		g.mu.Unlock()
 		g.m.log.Warn("reject_shared_stream_event called outside an ack-mode binding window; ignored", "source", g.key, "subscriber", d.s.id)
 		return false
@@ -223,7 +223,7 @@ func (d *Delivery) Fail(cause error) bool {
 	g := d.s.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.state != running || d.s.win != d.e || d.s.winIdx != d.i || d.e.binds[d.i].state != bOpen {
+	if g.state != running || d.s.winD != d || d.e.binds[d.i].state != bOpen {
 		return false
 	}
 	if cause == nil {
@@ -285,6 +285,9 @@ func (t Token) Fail(err error) {
 // takeLocked removes t's seq from its binding; false when it is stale.
 func (t Token) takeLocked() (*binding, bool) {
 	if t.g.state != running {
+		return nil, false
+	}
+	if t.i >= len(t.e.binds) { // a later use of a recycled entry
 		return nil, false
 	}
 	b := &t.e.binds[t.i]
