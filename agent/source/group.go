@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -30,6 +31,10 @@ const (
 	bResolved                  // acked, failed or rejected: terminal, later resolutions are no-ops
 )
 
+// binding is one (record, subscriber) pair. Locking: sub is written only
+// under group.mu; state only under group.mu and sub.mu together (so either
+// lock reads it); seqs under sub.mu (Bind and a Confirm inside the open
+// window take only sub.mu, off the group lock the poll loop holds).
 type binding struct {
 	sub   *subscriber
 	state bindState
@@ -85,7 +90,13 @@ type subscriber struct {
 	id     string
 	notify chan struct{} // capacity 1: a record or an error may be waiting
 
-	// Fields below are guarded by g.mu.
+	// mu guards the seqs of this subscriber's bindings; it is taken after
+	// group.mu (lock order Manager.mu, group.mu, subscriber.mu) or alone.
+	// win, winIdx, winD and the state of this subscriber's bindings change
+	// only with both group.mu and mu held.
+	mu sync.Mutex
+
+	// Fields below are guarded by g.mu, except the window (see mu).
 	queue []queueItem // queue[qhead:] are the queued records, at most QueueSize
 	qhead int
 	// err, once set, is returned by Next when the queue is empty; it is set
@@ -158,10 +169,13 @@ type group struct {
 
 	mu    sync.Mutex
 	state groupState // guarded by mu; only moves forward
+	// live mirrors state==running for the paths that run without mu (Bind
+	// and Token.Confirm inside an open window); written under mu.
+	live atomic.Bool
 	// subs are the registered subscribers in subscription order (guarded by mu).
 	subs      []*subscriber
-	nextEvent uint64 // guarded by mu
-	nextSeq   uint64 // guarded by mu
+	nextEvent uint64        // guarded by mu
+	nextSeq   atomic.Uint64 // persist token sequence: unique in the group
 	// lanes in insertion order; a lane is deleted when its FIFO empties and
 	// recreated at the end on its next record (guarded by mu).
 	lanes   []*lane
@@ -218,6 +232,7 @@ func (g *group) beginStopLocked(err error) {
 		return
 	}
 	deliver := err
+	g.live.Store(false)
 	if err == nil {
 		g.state = stopping
 		deliver = fmt.Errorf("shared stream %q: %w", g.key, ErrGroupStopped)
@@ -318,6 +333,7 @@ func (g *group) setRunning() bool {
 		return false
 	}
 	g.state = running
+	g.live.Store(true)
 	return true
 }
 
@@ -509,7 +525,9 @@ func (g *group) recycleLocked(es []*entry) {
 		for i := range e.binds {
 			b := &e.binds[i]
 			if s := b.sub; s != nil && s.win == e && s.winIdx == i {
+				s.mu.Lock()
 				s.win, s.winD = nil, nil
+				s.mu.Unlock()
 			}
 			b.sub = nil
 		}
@@ -540,8 +558,11 @@ func (g *group) failSubscriberLocked(s *subscriber, err error) {
 	g.failEverywhereLocked(s, err)
 }
 
-// failEverywhereLocked resolves every unresolved binding of s FAILED.
+// failEverywhereLocked resolves every unresolved binding of s FAILED. The
+// caller holds g.mu, not s.mu.
 func (g *group) failEverywhereLocked(s *subscriber, cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for _, ln := range g.lanes {
 		for _, e := range ln.q[ln.head:] {
 			if e.pending == 0 {
@@ -565,7 +586,7 @@ const (
 )
 
 // resolveLocked resolves binding i of e exactly once and wakes the pump when
-// e became a resolved lane head.
+// e became a resolved lane head. The caller holds g.mu and e.binds[i].sub.mu.
 func (g *group) resolveLocked(e *entry, i int, k outcomeKind, cause error) {
 	b := &e.binds[i]
 	if b.state == bResolved {
@@ -592,7 +613,8 @@ func (g *group) resolveLocked(e *entry, i int, k outcomeKind, cause error) {
 }
 
 // closeWindowLocked closes s's open window: ACKED when nothing bound in it is
-// unconfirmed, otherwise it waits for the confirmations (bClosed).
+// unconfirmed, otherwise it waits for the confirmations (bClosed). The caller
+// holds g.mu and s.mu.
 func (g *group) closeWindowLocked(s *subscriber) {
 	e, i := s.win, s.winIdx
 	s.win, s.winD = nil, nil
