@@ -187,6 +187,9 @@ type group struct {
 	// producers emit runs of one lane, so the laneIdx lookup is skipped
 	// while the key repeats and the lane is live.
 	lastLane *lane
+	// spareQ is the FIFO array of the last deleted lane, for reuse (guarded
+	// by mu).
+	spareQ []*entry
 	// free holds advanced entries for reuse, at most maxFree (guarded by mu).
 	free []*entry
 	// popped and advanced are owned by the pump goroutine: the entries of
@@ -369,16 +372,17 @@ func comparableLane(k any) (err error) {
 }
 
 // waitRoomLocked blocks (releasing g.mu) while Backpressure applies and a
-// snapshot member's queue is full. It returns with g.mu held; false when the
-// group is no longer running.
-func (g *group) waitRoomLocked() bool {
+// snapshot member's queue is full. It returns with g.mu held; ok is false
+// when the group is no longer running, waited is true when it released g.mu.
+func (g *group) waitRoomLocked() (ok, waited bool) {
 	for {
 		if g.state != running {
-			return false
+			return false, waited
 		}
 		if g.m.cfg.Overflow != Backpressure || !g.someFullLocked() {
-			return true
+			return true, waited
 		}
+		waited = true
 		if g.spaceCh == nil {
 			g.spaceCh = make(chan struct{})
 		}
@@ -412,7 +416,7 @@ func (g *group) stoppedErr() error {
 func (g *group) emitFast(rec *Record) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.waitRoomLocked() {
+	if ok, _ := g.waitRoomLocked(); !ok {
 		return g.stoppedErr()
 	}
 	for _, s := range g.subs {
@@ -442,23 +446,33 @@ func (g *group) emit(rec *Record, payload any) error {
 		g.terminate(err)
 		return err
 	}
+	// The fan-out time is read before taking g.mu (the clock read is the
+	// costliest step of emit; the poll loop must not hold the lock over
+	// it) and again after a Backpressure wait, so only a lock wait of
+	// microseconds counts toward the ack timeout.
+	created := g.m.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.waitRoomLocked() {
+	ok, waited := g.waitRoomLocked()
+	if !ok {
 		return g.stoppedErr()
+	}
+	if waited {
+		created = g.m.now()
 	}
 	ln := g.lastLane
 	if ln == nil || ln.deleted || ln.key != key {
 		ln = g.laneIdx[key]
 		if ln == nil {
-			ln = &lane{key: key}
+			ln = &lane{key: key, q: g.spareQ}
+			g.spareQ = nil
 			g.laneIdx[key] = ln
 			g.lanes = append(g.lanes, ln)
 		}
 		g.lastLane = ln
 	}
 	e := g.newEntryLocked()
-	e.id, e.rec, e.payload, e.lane, e.created = g.nextEvent, rec, payload, ln, g.m.now()
+	e.id, e.rec, e.payload, e.lane, e.created = g.nextEvent, rec, payload, ln, created
 	g.nextEvent++
 	n := 0
 	for _, s := range g.subs {
@@ -713,6 +727,12 @@ func (g *group) harvestLocked(ln *lane, dst []*entry) []*entry {
 	switch {
 	case ln.head == len(ln.q):
 		ln.deleted = true
+		// The empty FIFO's array serves the next new lane (a lane that
+		// the pump drains empties and is recreated on its next record).
+		if cap(ln.q) > cap(g.spareQ) {
+			g.spareQ = ln.q[:0]
+		}
+		ln.q, ln.head = nil, 0
 		delete(g.laneIdx, ln.key)
 		g.lanes = slices.DeleteFunc(g.lanes, func(x *lane) bool { return x == ln })
 	case ln.head > 64 && ln.head*2 > len(ln.q):

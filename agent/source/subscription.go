@@ -30,10 +30,21 @@ func (s *Subscription) ID() string { return s.s.id }
 func (s *Subscription) Next(ctx context.Context) (*Delivery, error) {
 	sub := s.s
 	g := sub.g
+	// Allocated before taking the group lock, which the poll loop contends
+	// for; unused (garbage) when Next returns an error.
+	d := &Delivery{s: sub}
 	g.mu.Lock()
 	if sub.win != nil {
+		// Close the previous window and open the next one in one
+		// subscriber-lock section when a record is waiting.
 		sub.mu.Lock()
 		g.closeWindowLocked(sub)
+		if !sub.gone && sub.qlen() > 0 {
+			g.deliverLocked(sub, d)
+			sub.mu.Unlock()
+			g.mu.Unlock()
+			return d, nil
+		}
 		sub.mu.Unlock()
 	}
 	for {
@@ -42,14 +53,12 @@ func (s *Subscription) Next(ctx context.Context) (*Delivery, error) {
 			return nil, ErrUnsubscribed
 		}
 		if sub.qlen() > 0 {
-			it := sub.pop()
-			g.wakeEmitLocked()
-			d := &Delivery{Record: it.rec, s: sub, e: it.e, i: it.bi}
-			if it.e != nil && it.e.binds[it.bi].state == bQueued {
+			if g.ack {
 				sub.mu.Lock()
-				it.e.binds[it.bi].state = bOpen
-				sub.win, sub.winIdx, sub.winD = it.e, it.bi, d
+				g.deliverLocked(sub, d)
 				sub.mu.Unlock()
+			} else {
+				g.deliverLocked(sub, d)
 			}
 			g.mu.Unlock()
 			return d, nil
@@ -66,6 +75,18 @@ func (s *Subscription) Next(ctx context.Context) (*Delivery, error) {
 			return nil, ctx.Err()
 		}
 		g.mu.Lock()
+	}
+}
+
+// deliverLocked pops the head of sub's queue into d and opens its window. The
+// caller holds g.mu and, in ack mode, sub.mu; the queue is not empty.
+func (g *group) deliverLocked(sub *subscriber, d *Delivery) {
+	it := sub.pop()
+	g.wakeEmitLocked()
+	d.Record, d.e, d.i = it.rec, it.e, it.bi
+	if it.e != nil && it.e.binds[it.bi].state == bQueued {
+		it.e.binds[it.bi].state = bOpen
+		sub.win, sub.winIdx, sub.winD = it.e, it.bi, d
 	}
 }
 
