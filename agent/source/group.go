@@ -67,6 +67,9 @@ type entry struct {
 	// causeIDs[i] is the subscriber id of causes[i].
 	causeIDs []string
 	inline   [1]binding // backing store of binds for a single-member snapshot
+	// resolvedOpen is set when a binding resolved while its window was open
+	// (guarded by the group's mu).
+	resolvedOpen bool
 }
 
 // lane is the FIFO of one ordering lane: entries in fan-out order. q[head:]
@@ -529,29 +532,39 @@ func (g *group) newEntryLocked() *entry {
 	return &entry{}
 }
 
-// recycleLocked puts advanced entries on the free list. An advanced entry is
-// referenced only by stale Deliveries and Tokens (which check winD and their
-// seq) and by the window of a subscriber that resolved it without closing
-// the window (Reject, Fail, a failure): that window is closed here, as a
-// resolved binding makes closing it a no-op.
+// scrub clears an advanced entry for reuse. It runs on the pump without g.mu:
+// once harvested, an entry is out of every lane, so only the pump and stale
+// Deliveries and Tokens reach it, and those read only binds under the locks
+// (emit rewrites binds under g.mu, after recycleLocked).
+func (e *entry) scrub() {
+	e.rec, e.payload, e.lane = nil, nil, nil
+	e.out = Outcome{}
+	// The producer may keep the cause slices it was handed.
+	e.causes, e.causeIDs = nil, nil
+}
+
+// recycleLocked puts advanced (scrubbed) entries on the free list. An
+// advanced entry is referenced only by stale Deliveries and Tokens (which
+// check winD and their seq) and by the window of a subscriber that resolved
+// it without closing the window (Reject, Fail, a failure; flagged by
+// resolvedOpen): that window is closed here, as a resolved binding makes
+// closing it a no-op.
 func (g *group) recycleLocked(es []*entry) {
 	for _, e := range es {
+		if !e.resolvedOpen {
+			continue
+		}
+		e.resolvedOpen = false
 		for i := range e.binds {
-			b := &e.binds[i]
-			if s := b.sub; s != nil && s.win == e && s.winIdx == i {
+			if s := e.binds[i].sub; s != nil && s.win == e && s.winIdx == i {
 				s.mu.Lock()
 				s.win, s.winD = nil, nil
 				s.mu.Unlock()
 			}
-			b.sub = nil
 		}
-		e.rec, e.payload, e.lane = nil, nil, nil
-		e.pending, e.out = 0, Outcome{}
-		// The producer may keep the cause slices it was handed.
-		e.causes, e.causeIDs = nil, nil
-		if len(g.free) < maxFree {
-			g.free = append(g.free, e)
-		}
+	}
+	if room := maxFree - len(g.free); room > 0 {
+		g.free = append(g.free, es[:min(room, len(es))]...)
 	}
 	clear(es)
 }
@@ -605,6 +618,9 @@ func (g *group) resolveLocked(e *entry, i int, k outcomeKind, cause error) {
 	b := &e.binds[i]
 	if b.state == bResolved {
 		return
+	}
+	if b.state == bOpen {
+		e.resolvedOpen = true // the window may stay open on it: see recycleLocked
 	}
 	b.state = bResolved
 	b.seqs = b.seqs[:0]
@@ -692,12 +708,14 @@ func (g *group) pass(ctx context.Context) (bool, error) {
 		}
 		progressed = true
 		// Resolved entries are immutable (resolveLocked and
-		// failEverywhereLocked skip them) until recycled at the next
-		// harvest, so the batch is built without holding g.mu: a long
-		// harvest must not stall the poll loop.
+		// failEverywhereLocked skip them) and harvested ones are out of
+		// every lane, so the batch is built (and the entries scrubbed)
+		// without holding g.mu: a long harvest must not stall the poll
+		// loop. They reach the free list at the next harvest.
 		batch := slices.Grow(g.batch[:0], len(popped))
 		for _, e := range popped {
 			batch = append(batch, AdvanceItem{Record: e.rec, Payload: e.payload, Outcome: e.out, Causes: e.causes, CauseIDs: e.causeIDs})
+			e.scrub()
 		}
 		g.popped, g.advanced = g.advanced, popped
 		err := g.producer.Advance(ctx, batch)
