@@ -437,8 +437,10 @@ func (g *group) emitFast(rec *Record) error {
 
 // emit fans one record out in ack mode (ack-mode.md §1.3).
 func (g *group) emit(rec *Record, payload any) error {
-	if err := g.ctx.Err(); err != nil {
-		return err
+	if !g.live.Load() { // live is cleared before the poll context is cancelled
+		if err := g.ctx.Err(); err != nil {
+			return err
+		}
 	}
 	key, err := g.producer.Lane(payload)
 	if err == nil {
@@ -475,7 +477,10 @@ func (g *group) emit(rec *Record, payload any) error {
 		g.lastLane = ln
 	}
 	e := g.newEntryLocked()
-	e.id, e.rec, e.payload, e.lane, e.created = g.nextEvent, rec, payload, ln, created
+	e.id, e.rec, e.payload, e.created = g.nextEvent, rec, payload, created
+	if e.lane != ln {
+		e.lane = ln
+	}
 	g.nextEvent++
 	n := 0
 	for _, s := range g.subs {
@@ -495,7 +500,13 @@ func (g *group) emit(rec *Record, payload any) error {
 		if !s.failed {
 			k := len(e.binds)
 			e.binds = e.binds[:k+1]
-			e.binds[k].sub, e.binds[k].state, e.binds[k].seqs = s, bQueued, e.binds[k].seqs[:0]
+			// A reused binding is resolved, so its seqs are empty;
+			// writing only what changed spares GC write barriers.
+			b := &e.binds[k]
+			if b.sub != s {
+				b.sub = s
+			}
+			b.state = bQueued
 		}
 	}
 	e.pending = n
@@ -537,10 +548,15 @@ func (g *group) newEntryLocked() *entry {
 // Deliveries and Tokens reach it, and those read only binds under the locks
 // (emit rewrites binds under g.mu, after recycleLocked).
 func (e *entry) scrub() {
-	e.rec, e.payload, e.lane = nil, nil, nil
+	// rec and payload may hold large records; lane (small) and the
+	// bindings' subscribers are kept: emit overwrites them only when they
+	// differ, sparing GC write barriers.
+	e.rec, e.payload = nil, nil
 	e.out = Outcome{}
-	// The producer may keep the cause slices it was handed.
-	e.causes, e.causeIDs = nil, nil
+	if e.causes != nil {
+		// The producer may keep the cause slices it was handed.
+		e.causes, e.causeIDs = nil, nil
+	}
 }
 
 // recycleLocked puts advanced (scrubbed) entries on the free list. An
