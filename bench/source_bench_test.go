@@ -13,16 +13,23 @@ import (
 	"github.com/runnel-dev/runnel/agent/source"
 )
 
-// benchProducer emits n records as fast as emit accepts them, then idles
-// until its context is done. Advance counts the advanced records.
+// benchProducer emits n records as fast as emit accepts them, once start is
+// closed, then idles until its context is done. Advance counts the advanced
+// records.
 type benchProducer struct {
 	n        int
+	start    chan struct{} // closed once every subscriber subscribed
 	advanced atomic.Int64
 	calls    atomic.Int64
 	all      chan struct{} // closed once n records were advanced
 }
 
 func (p *benchProducer) Open(ctx context.Context, emit func(*source.Record, any) error) error {
+	select {
+	case <-p.start:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 	for i := range p.n {
 		rec := &source.Record{Topic: "t", Offset: int64(i)}
 		if err := emit(rec, rec); err != nil {
@@ -62,8 +69,17 @@ func BenchmarkSource(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				p := &benchProducer{n: b.N, all: make(chan struct{})}
+				// The group starts with the first subscriber: the
+				// producer waits until every subscriber joined, so each
+				// is in the snapshot of every record.
+				start := make(chan struct{})
+				p := &benchProducer{n: b.N, start: start, all: make(chan struct{})}
 				open := func(ctx context.Context, emit func(*source.Record) error) error {
+					select {
+					case <-start:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
 					for i := range b.N {
 						if err := emit(&source.Record{Topic: "t", Offset: int64(i)}); err != nil {
 							return err
@@ -101,6 +117,7 @@ func BenchmarkSource(b *testing.B) {
 						_, _ = s.Next(ctx)
 					})
 				}
+				close(start)
 				wg.Wait()
 				if mode == "ack" {
 					<-p.all

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -30,15 +31,25 @@ const (
 	bResolved                  // acked, failed or rejected: terminal, later resolutions are no-ops
 )
 
+// binding is one (record, subscriber) pair. Locking: sub is written only
+// under group.mu; state only under group.mu and sub.mu together (so either
+// lock reads it); seqs under sub.mu (Bind and a Confirm inside the open
+// window take only sub.mu, off the group lock the poll loop holds).
 type binding struct {
 	sub   *subscriber
 	state bindState
-	// seqs are the unconfirmed persist tokens bound in this window.
-	// Invariant: state==bClosed implies len(seqs)>0; state==bResolved implies seqs==nil.
+	// seqs are the unconfirmed persist tokens bound in this window; seqs are
+	// unique in the group, so a token of an earlier use of a recycled entry
+	// never matches. Invariant: state==bClosed implies len(seqs)>0;
+	// state==bResolved implies len(seqs)==0 (the backing array is kept for
+	// the entry's next use).
 	seqs []uint64
 }
 
-// entry is one fanned-out record of an ack-mode group.
+// entry is one fanned-out record of an ack-mode group. Entries are recycled
+// (group.free) once the pump advanced them: a Delivery identifies its window
+// by its own pointer (subscriber.winD) and a Token by its group-unique seq, so
+// neither can act on a later use of the same entry.
 type entry struct {
 	id      uint64
 	rec     *Record
@@ -56,6 +67,9 @@ type entry struct {
 	// causeIDs[i] is the subscriber id of causes[i].
 	causeIDs []string
 	inline   [1]binding // backing store of binds for a single-member snapshot
+	// resolvedOpen is set when a binding resolved while its window was open
+	// (guarded by the group's mu).
+	resolvedOpen bool
 }
 
 // lane is the FIFO of one ordering lane: entries in fan-out order. q[head:]
@@ -79,7 +93,13 @@ type subscriber struct {
 	id     string
 	notify chan struct{} // capacity 1: a record or an error may be waiting
 
-	// Fields below are guarded by g.mu.
+	// mu guards the seqs of this subscriber's bindings; it is taken after
+	// group.mu (lock order Manager.mu, group.mu, subscriber.mu) or alone.
+	// win, winIdx, winD and the state of this subscriber's bindings change
+	// only with both group.mu and mu held.
+	mu sync.Mutex
+
+	// Fields below are guarded by g.mu, except the window (see mu).
 	queue []queueItem // queue[qhead:] are the queued records, at most QueueSize
 	qhead int
 	// err, once set, is returned by Next when the queue is empty; it is set
@@ -88,10 +108,13 @@ type subscriber struct {
 	failed bool // overflow or ack timeout: excluded from later snapshots
 	gone   bool // unsubscribed
 	// win, winIdx name the open window (ack mode): the binding win.binds[winIdx]
-	// of the record last returned by Next. Invariant: at most one window per
-	// subscriber; win==nil between Next calls that returned no record.
+	// of the record last returned by Next, and winD the Delivery Next returned
+	// for it. Invariant: at most one window per subscriber; win==nil and
+	// winD==nil between Next calls that returned no record, and once win was
+	// recycled (group.recycleLocked clears them).
 	win    *entry
 	winIdx int
+	winD   *Delivery
 }
 
 func (s *subscriber) qlen() int { return len(s.queue) - s.qhead }
@@ -149,10 +172,13 @@ type group struct {
 
 	mu    sync.Mutex
 	state groupState // guarded by mu; only moves forward
+	// live mirrors state==running for the paths that run without mu (Bind
+	// and Token.Confirm inside an open window); written under mu.
+	live atomic.Bool
 	// subs are the registered subscribers in subscription order (guarded by mu).
 	subs      []*subscriber
-	nextEvent uint64 // guarded by mu
-	nextSeq   uint64 // guarded by mu
+	nextEvent uint64        // guarded by mu
+	nextSeq   atomic.Uint64 // persist token sequence: unique in the group
 	// lanes in insertion order; a lane is deleted when its FIFO empties and
 	// recreated at the end on its next record (guarded by mu).
 	lanes   []*lane
@@ -160,7 +186,24 @@ type group struct {
 	// spaceCh is non-nil while emit waits for queue room (Backpressure); it is
 	// closed when room may have appeared (guarded by mu).
 	spaceCh chan struct{}
+	// lastLane is the lane of the previous emit (guarded by mu): most
+	// producers emit runs of one lane, so the laneIdx lookup is skipped
+	// while the key repeats and the lane is live.
+	lastLane *lane
+	// spareQ is the FIFO array of the last deleted lane, for reuse (guarded
+	// by mu).
+	spareQ []*entry
+	// free holds advanced entries for reuse, at most maxFree (guarded by mu).
+	free []*entry
+	// popped and advanced are owned by the pump goroutine: the entries of
+	// the current batch, and those of the previous batches waiting to be
+	// recycled at the next harvest.
+	popped, advanced []*entry
+	batch            []AdvanceItem
 }
+
+// maxFree bounds the entry free list of a group.
+const maxFree = 4096
 
 func newGroup(m *Manager, key string, factory ProducerFactory, open OpenFunc) *group {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -195,6 +238,7 @@ func (g *group) beginStopLocked(err error) {
 		return
 	}
 	deliver := err
+	g.live.Store(false)
 	if err == nil {
 		g.state = stopping
 		deliver = fmt.Errorf("shared stream %q: %w", g.key, ErrGroupStopped)
@@ -295,6 +339,7 @@ func (g *group) setRunning() bool {
 		return false
 	}
 	g.state = running
+	g.live.Store(true)
 	return true
 }
 
@@ -316,6 +361,10 @@ func (g *group) closeProducer(p Producer) {
 // comparableLane reports an error instead of panicking when a lane cannot be
 // a map key (a slice, a map, a func, or a struct holding one).
 func comparableLane(k any) (err error) {
+	switch k.(type) {
+	case nil, int32, int64, int, uint32, uint64, string:
+		return nil // the common lanes: skip the deferred recover
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("lane %T is not comparable: %v", k, r)
@@ -326,16 +375,17 @@ func comparableLane(k any) (err error) {
 }
 
 // waitRoomLocked blocks (releasing g.mu) while Backpressure applies and a
-// snapshot member's queue is full. It returns with g.mu held; false when the
-// group is no longer running.
-func (g *group) waitRoomLocked() bool {
+// snapshot member's queue is full. It returns with g.mu held; ok is false
+// when the group is no longer running, waited is true when it released g.mu.
+func (g *group) waitRoomLocked() (ok, waited bool) {
 	for {
 		if g.state != running {
-			return false
+			return false, waited
 		}
 		if g.m.cfg.Overflow != Backpressure || !g.someFullLocked() {
-			return true
+			return true, waited
 		}
+		waited = true
 		if g.spaceCh == nil {
 			g.spaceCh = make(chan struct{})
 		}
@@ -369,7 +419,7 @@ func (g *group) stoppedErr() error {
 func (g *group) emitFast(rec *Record) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.waitRoomLocked() {
+	if ok, _ := g.waitRoomLocked(); !ok {
 		return g.stoppedErr()
 	}
 	for _, s := range g.subs {
@@ -387,8 +437,10 @@ func (g *group) emitFast(rec *Record) error {
 
 // emit fans one record out in ack mode (ack-mode.md §1.3).
 func (g *group) emit(rec *Record, payload any) error {
-	if err := g.ctx.Err(); err != nil {
-		return err
+	if !g.live.Load() { // live is cleared before the poll context is cancelled
+		if err := g.ctx.Err(); err != nil {
+			return err
+		}
 	}
 	key, err := g.producer.Lane(payload)
 	if err == nil {
@@ -399,18 +451,36 @@ func (g *group) emit(rec *Record, payload any) error {
 		g.terminate(err)
 		return err
 	}
+	// The fan-out time is read before taking g.mu (the clock read is the
+	// costliest step of emit; the poll loop must not hold the lock over
+	// it) and again after a Backpressure wait, so only a lock wait of
+	// microseconds counts toward the ack timeout.
+	created := g.m.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.waitRoomLocked() {
+	ok, waited := g.waitRoomLocked()
+	if !ok {
 		return g.stoppedErr()
 	}
-	ln := g.laneIdx[key]
-	if ln == nil {
-		ln = &lane{key: key}
-		g.laneIdx[key] = ln
-		g.lanes = append(g.lanes, ln)
+	if waited {
+		created = g.m.now()
 	}
-	e := &entry{id: g.nextEvent, rec: rec, payload: payload, lane: ln, created: g.m.now()}
+	ln := g.lastLane
+	if ln == nil || ln.deleted || ln.key != key {
+		ln = g.laneIdx[key]
+		if ln == nil {
+			ln = &lane{key: key, q: g.spareQ}
+			g.spareQ = nil
+			g.laneIdx[key] = ln
+			g.lanes = append(g.lanes, ln)
+		}
+		g.lastLane = ln
+	}
+	e := g.newEntryLocked()
+	e.id, e.rec, e.payload, e.created = g.nextEvent, rec, payload, created
+	if e.lane != ln {
+		e.lane = ln
+	}
 	g.nextEvent++
 	n := 0
 	for _, s := range g.subs {
@@ -418,14 +488,25 @@ func (g *group) emit(rec *Record, payload any) error {
 			n++
 		}
 	}
-	if n == 1 {
+	switch {
+	case n == 1:
 		e.binds = e.inline[:0]
-	} else {
+	case cap(e.binds) < n: // also when binds was the inline array
 		e.binds = make([]binding, 0, n)
+	default:
+		e.binds = e.binds[:0]
 	}
 	for _, s := range g.subs {
 		if !s.failed {
-			e.binds = append(e.binds, binding{sub: s})
+			k := len(e.binds)
+			e.binds = e.binds[:k+1]
+			// A reused binding is resolved, so its seqs are empty;
+			// writing only what changed spares GC write barriers.
+			b := &e.binds[k]
+			if b.sub != s {
+				b.sub = s
+			}
+			b.state = bQueued
 		}
 	}
 	e.pending = n
@@ -451,6 +532,59 @@ func (g *group) emit(rec *Record, payload any) error {
 	return nil
 }
 
+// newEntryLocked returns a zeroed entry from the free list or a new one.
+func (g *group) newEntryLocked() *entry {
+	if n := len(g.free); n > 0 {
+		e := g.free[n-1]
+		g.free[n-1] = nil
+		g.free = g.free[:n-1]
+		return e
+	}
+	return &entry{}
+}
+
+// scrub clears an advanced entry for reuse. It runs on the pump without g.mu:
+// once harvested, an entry is out of every lane, so only the pump and stale
+// Deliveries and Tokens reach it, and those read only binds under the locks
+// (emit rewrites binds under g.mu, after recycleLocked).
+func (e *entry) scrub() {
+	// rec and payload may hold large records; lane (small) and the
+	// bindings' subscribers are kept: emit overwrites them only when they
+	// differ, sparing GC write barriers.
+	e.rec, e.payload = nil, nil
+	e.out = Outcome{}
+	if e.causes != nil {
+		// The producer may keep the cause slices it was handed.
+		e.causes, e.causeIDs = nil, nil
+	}
+}
+
+// recycleLocked puts advanced (scrubbed) entries on the free list. An
+// advanced entry is referenced only by stale Deliveries and Tokens (which
+// check winD and their seq) and by the window of a subscriber that resolved
+// it without closing the window (Reject, Fail, a failure; flagged by
+// resolvedOpen): that window is closed here, as a resolved binding makes
+// closing it a no-op.
+func (g *group) recycleLocked(es []*entry) {
+	for _, e := range es {
+		if !e.resolvedOpen {
+			continue
+		}
+		e.resolvedOpen = false
+		for i := range e.binds {
+			if s := e.binds[i].sub; s != nil && s.win == e && s.winIdx == i {
+				s.mu.Lock()
+				s.win, s.winD = nil, nil
+				s.mu.Unlock()
+			}
+		}
+	}
+	if room := maxFree - len(g.free); room > 0 {
+		g.free = append(g.free, es[:min(room, len(es))]...)
+	}
+	clear(es)
+}
+
 // overflowLocked fails s for overflow (FailSubscriber policy).
 func (g *group) overflowLocked(s *subscriber) {
 	err := &OverflowError{Key: g.key, ID: s.id, QueueSize: g.m.cfg.QueueSize}
@@ -467,8 +601,11 @@ func (g *group) failSubscriberLocked(s *subscriber, err error) {
 	g.failEverywhereLocked(s, err)
 }
 
-// failEverywhereLocked resolves every unresolved binding of s FAILED.
+// failEverywhereLocked resolves every unresolved binding of s FAILED. The
+// caller holds g.mu, not s.mu.
 func (g *group) failEverywhereLocked(s *subscriber, cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for _, ln := range g.lanes {
 		for _, e := range ln.q[ln.head:] {
 			if e.pending == 0 {
@@ -492,14 +629,17 @@ const (
 )
 
 // resolveLocked resolves binding i of e exactly once and wakes the pump when
-// e became a resolved lane head.
+// e became a resolved lane head. The caller holds g.mu and e.binds[i].sub.mu.
 func (g *group) resolveLocked(e *entry, i int, k outcomeKind, cause error) {
 	b := &e.binds[i]
 	if b.state == bResolved {
 		return
 	}
+	if b.state == bOpen {
+		e.resolvedOpen = true // the window may stay open on it: see recycleLocked
+	}
 	b.state = bResolved
-	b.seqs = nil
+	b.seqs = b.seqs[:0]
 	switch k {
 	case outAcked:
 		e.out.Acked++
@@ -519,10 +659,11 @@ func (g *group) resolveLocked(e *entry, i int, k outcomeKind, cause error) {
 }
 
 // closeWindowLocked closes s's open window: ACKED when nothing bound in it is
-// unconfirmed, otherwise it waits for the confirmations (bClosed).
+// unconfirmed, otherwise it waits for the confirmations (bClosed). The caller
+// holds g.mu and s.mu.
 func (g *group) closeWindowLocked(s *subscriber) {
 	e, i := s.win, s.winIdx
-	s.win = nil
+	s.win, s.winD = nil, nil
 	if e == nil || g.state != running {
 		return
 	}
@@ -574,20 +715,29 @@ func (g *group) pass(ctx context.Context) (bool, error) {
 	progressed := false
 	for _, ln := range lanes {
 		g.mu.Lock()
-		popped := g.harvestLocked(ln)
+		g.recycleLocked(g.advanced)
+		g.advanced = g.advanced[:0]
+		popped := g.harvestLocked(ln, g.popped[:0])
 		g.mu.Unlock()
 		if len(popped) == 0 {
 			continue
 		}
 		progressed = true
 		// Resolved entries are immutable (resolveLocked and
-		// failEverywhereLocked skip them), so the batch is built without
-		// holding g.mu: a long harvest must not stall the poll loop.
-		batch := make([]AdvanceItem, len(popped))
-		for k, e := range popped {
-			batch[k] = AdvanceItem{Record: e.rec, Payload: e.payload, Outcome: e.out, Causes: e.causes, CauseIDs: e.causeIDs}
+		// failEverywhereLocked skip them) and harvested ones are out of
+		// every lane, so the batch is built (and the entries scrubbed)
+		// without holding g.mu: a long harvest must not stall the poll
+		// loop. They reach the free list at the next harvest.
+		batch := slices.Grow(g.batch[:0], len(popped))
+		for _, e := range popped {
+			batch = append(batch, AdvanceItem{Record: e.rec, Payload: e.payload, Outcome: e.out, Causes: e.causes, CauseIDs: e.causeIDs})
+			e.scrub()
 		}
-		if err := g.producer.Advance(ctx, batch); err != nil {
+		g.popped, g.advanced = g.advanced, popped
+		err := g.producer.Advance(ctx, batch)
+		clear(batch) // the slice is reused: drop the records it points at
+		g.batch = batch[:0]
+		if err != nil {
 			return progressed, err
 		}
 	}
@@ -596,14 +746,14 @@ func (g *group) pass(ctx context.Context) (bool, error) {
 	return progressed, nil
 }
 
-// harvestLocked pops the maximal resolved prefix of ln and deletes ln when it
-// empties; the returned slice is a copy owned by the caller.
-func (g *group) harvestLocked(ln *lane) []*entry {
+// harvestLocked pops the maximal resolved prefix of ln, appending it to dst,
+// and deletes ln when it empties.
+func (g *group) harvestLocked(ln *lane, dst []*entry) []*entry {
 	start := ln.head
 	for ln.head < len(ln.q) && ln.q[ln.head].pending == 0 {
 		ln.head++
 	}
-	popped := slices.Clone(ln.q[start:ln.head])
+	popped := append(dst, ln.q[start:ln.head]...)
 	clear(ln.q[start:ln.head])
 	if ln.deleted {
 		return popped
@@ -611,6 +761,12 @@ func (g *group) harvestLocked(ln *lane) []*entry {
 	switch {
 	case ln.head == len(ln.q):
 		ln.deleted = true
+		// The empty FIFO's array serves the next new lane (a lane that
+		// the pump drains empties and is recreated on its next record).
+		if cap(ln.q) > cap(g.spareQ) {
+			g.spareQ = ln.q[:0]
+		}
+		ln.q, ln.head = nil, 0
 		delete(g.laneIdx, ln.key)
 		g.lanes = slices.DeleteFunc(g.lanes, func(x *lane) bool { return x == ln })
 	case ln.head > 64 && ln.head*2 > len(ln.q):

@@ -10,10 +10,11 @@ import (
 
 // Manager owns the shared-source groups of one worker, one group per key.
 //
-// Lock order: Manager.mu before group.mu. Code holding a group.mu never
-// acquires Manager.mu; Token, Delivery and the poll/pump/scanner goroutines
-// take only group.mu unless they terminate the group, which they do without
-// holding group.mu.
+// Lock order: Manager.mu, then group.mu, then subscriber.mu. Code holding a
+// group.mu never acquires Manager.mu; Token, Delivery and the
+// poll/pump/scanner goroutines take only group.mu and subscriber.mu unless
+// they terminate the group, which they do without holding group.mu. Bind and
+// a Confirm inside the open window take subscriber.mu alone.
 type Manager struct {
 	cfg     Config
 	log     *slog.Logger

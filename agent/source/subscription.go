@@ -30,20 +30,35 @@ func (s *Subscription) ID() string { return s.s.id }
 func (s *Subscription) Next(ctx context.Context) (*Delivery, error) {
 	sub := s.s
 	g := sub.g
+	// Allocated before taking the group lock, which the poll loop contends
+	// for; unused (garbage) when Next returns an error.
+	d := &Delivery{s: sub}
 	g.mu.Lock()
-	g.closeWindowLocked(sub)
+	if sub.win != nil {
+		// Close the previous window and open the next one in one
+		// subscriber-lock section when a record is waiting.
+		sub.mu.Lock()
+		g.closeWindowLocked(sub)
+		if !sub.gone && sub.qlen() > 0 {
+			g.deliverLocked(sub, d)
+			sub.mu.Unlock()
+			g.mu.Unlock()
+			return d, nil
+		}
+		sub.mu.Unlock()
+	}
 	for {
 		if sub.gone {
 			g.mu.Unlock()
 			return nil, ErrUnsubscribed
 		}
 		if sub.qlen() > 0 {
-			it := sub.pop()
-			g.wakeEmitLocked()
-			d := &Delivery{Record: it.rec, s: sub, e: it.e, i: it.bi}
-			if it.e != nil && it.e.binds[it.bi].state == bQueued {
-				it.e.binds[it.bi].state = bOpen
-				sub.win, sub.winIdx = it.e, it.bi
+			if g.ack {
+				sub.mu.Lock()
+				g.deliverLocked(sub, d)
+				sub.mu.Unlock()
+			} else {
+				g.deliverLocked(sub, d)
 			}
 			g.mu.Unlock()
 			return d, nil
@@ -60,6 +75,18 @@ func (s *Subscription) Next(ctx context.Context) (*Delivery, error) {
 			return nil, ctx.Err()
 		}
 		g.mu.Lock()
+	}
+}
+
+// deliverLocked pops the head of sub's queue into d and opens its window. The
+// caller holds g.mu and, in ack mode, sub.mu; the queue is not empty.
+func (g *group) deliverLocked(sub *subscriber, d *Delivery) {
+	it := sub.pop()
+	g.wakeEmitLocked()
+	d.Record, d.e, d.i = it.rec, it.e, it.bi
+	if it.e != nil && it.e.binds[it.bi].state == bQueued {
+		it.e.binds[it.bi].state = bOpen
+		sub.win, sub.winIdx, sub.winD = it.e, it.bi, d
 	}
 }
 
@@ -86,8 +113,9 @@ func (s *Subscription) Unsubscribe(cause error) {
 	sub.failed = false
 	clear(sub.queue)
 	sub.queue, sub.qhead = nil, 0
+	sub.mu.Lock()
 	win, winIdx := sub.win, sub.winIdx
-	sub.win = nil
+	sub.win, sub.winD = nil, nil
 	for i, x := range g.subs {
 		if x == sub {
 			g.subs = append(g.subs[:i], g.subs[i+1:]...)
@@ -124,6 +152,7 @@ func (s *Subscription) Unsubscribe(cause error) {
 			}
 		}
 	}
+	sub.mu.Unlock()
 	select {
 	case sub.notify <- struct{}{}:
 	default:
@@ -162,20 +191,21 @@ func (d *Delivery) Bind() (tok Token, ok bool) {
 	if d.e == nil {
 		return Token{}, false
 	}
-	g := d.s.g
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.state != running || d.s.win != d.e || d.s.winIdx != d.i {
+	// Only the subscriber lock: the window is open (winD==d) and its entry
+	// cannot be recycled until the window closes, which takes s.mu too.
+	s := d.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.g.live.Load() || s.winD != d {
 		return Token{}, false
 	}
 	b := &d.e.binds[d.i]
 	if b.state != bOpen {
 		return Token{}, false
 	}
-	seq := g.nextSeq
-	g.nextSeq++
+	seq := s.g.nextSeq.Add(1) - 1
 	b.seqs = append(b.seqs, seq)
-	return Token{g: g, e: d.e, i: d.i, seq: seq}, true
+	return Token{d: d, seq: seq}, true
 }
 
 // Reject resolves d's record REJECTED for this subscriber now (terminal:
@@ -190,7 +220,7 @@ func (d *Delivery) Reject(reason error) bool {
 		return false
 	}
 	g.mu.Lock()
-	if g.state != running || d.s.win != d.e || d.s.winIdx != d.i {
+	if g.state != running || d.s.winD != d {
 		g.mu.Unlock()
 		g.m.log.Warn("reject_shared_stream_event called outside an ack-mode binding window; ignored", "source", g.key, "subscriber", d.s.id)
 		return false
@@ -202,7 +232,9 @@ func (d *Delivery) Reject(reason error) bool {
 	if reason == nil {
 		reason = errors.New("rejected")
 	}
+	d.s.mu.Lock()
 	g.resolveLocked(d.e, d.i, outRejected, reason)
+	d.s.mu.Unlock()
 	g.mu.Unlock()
 	g.m.log.Info("shared stream record rejected", "source", g.key, "subscriber", d.s.id, "offset", d.Record.Offset, "reason", reason)
 	return true
@@ -223,13 +255,15 @@ func (d *Delivery) Fail(cause error) bool {
 	g := d.s.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.state != running || d.s.win != d.e || d.s.winIdx != d.i || d.e.binds[d.i].state != bOpen {
+	if g.state != running || d.s.winD != d || d.e.binds[d.i].state != bOpen {
 		return false
 	}
 	if cause == nil {
 		cause = errors.New("failed")
 	}
+	d.s.mu.Lock()
 	g.resolveLocked(d.e, d.i, outFailed, cause)
+	d.s.mu.Unlock()
 	return true
 }
 
@@ -238,27 +272,42 @@ func (d *Delivery) Fail(cause error) bool {
 // and stale calls (after the binding resolved, or after the group stopped)
 // are no-ops.
 type Token struct {
-	g   *group
-	e   *entry
-	i   int
-	seq uint64
+	d   *Delivery // the window the token was bound in
+	seq uint64    // unique in the group
 }
 
 // Confirm records that the derived record is durable (the broker
 // acknowledged it, acks=all, or its transaction committed).
 func (t Token) Confirm() {
-	if t.g == nil {
+	d := t.d
+	if d == nil {
 		return
 	}
-	g := t.g
+	s := d.s
+	g := s.g
+	s.mu.Lock()
+	if s.winD == d {
+		// Inside the open window a confirmation cannot resolve the
+		// binding (the window's close does), so only s.mu is needed.
+		if g.live.Load() {
+			if b := &d.e.binds[d.i]; b.state == bOpen {
+				b.take(t.seq)
+			}
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	b, ok := t.takeLocked()
 	if !ok {
 		return
 	}
 	if b.state == bClosed && len(b.seqs) == 0 {
-		g.resolveLocked(t.e, t.i, outAcked, nil)
+		g.resolveLocked(d.e, d.i, outAcked, nil)
 	}
 }
 
@@ -267,35 +316,53 @@ func (t Token) Confirm() {
 // (deviation 4: the reference waits for the ack timeout). The subscriber
 // itself stays healthy.
 func (t Token) Fail(err error) {
-	if t.g == nil {
+	d := t.d
+	if d == nil {
 		return
 	}
-	g := t.g
+	g := d.s.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	d.s.mu.Lock()
+	defer d.s.mu.Unlock()
 	if _, ok := t.takeLocked(); !ok {
 		return
 	}
 	if err == nil {
 		err = errors.New("delivery failed")
 	}
-	g.resolveLocked(t.e, t.i, outFailed, fmt.Errorf("derived record delivery: %w", err))
+	g.resolveLocked(d.e, d.i, outFailed, fmt.Errorf("derived record delivery: %w", err))
 }
 
-// takeLocked removes t's seq from its binding; false when it is stale.
+// takeLocked removes t's seq from its binding; false when it is stale. The
+// caller holds g.mu and t.d.s.mu.
 func (t Token) takeLocked() (*binding, bool) {
-	if t.g.state != running {
+	d := t.d
+	if d.s.g.state != running {
 		return nil, false
 	}
-	b := &t.e.binds[t.i]
-	if b.state == bResolved {
+	if d.i >= len(d.e.binds) { // a later use of a recycled entry
 		return nil, false
 	}
-	for k, s := range b.seqs {
-		if s == t.seq {
-			b.seqs = append(b.seqs[:k], b.seqs[k+1:]...)
-			return b, true
-		}
+	b := &d.e.binds[d.i]
+	// b.sub differs on a later use of a recycled entry; then b.seqs is not
+	// guarded by the lock held. Same subscriber: the unique seq decides.
+	if b.sub != d.s || b.state == bResolved {
+		return nil, false
+	}
+	if b.take(t.seq) {
+		return b, true
 	}
 	return nil, false
+}
+
+// take removes seq from b.seqs; false when it is not there.
+func (b *binding) take(seq uint64) bool {
+	for k, s := range b.seqs {
+		if s == seq {
+			b.seqs = append(b.seqs[:k], b.seqs[k+1:]...)
+			return true
+		}
+	}
+	return false
 }

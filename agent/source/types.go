@@ -69,7 +69,10 @@ type Producer interface {
 	// resolved prefix of one lane, in fan-out order, never concurrently,
 	// never after Close. ctx is not cancelled by a stop (a stop drains the
 	// resolved prefixes through Advance). An error terminates the group: the
-	// batch and every outstanding record are abandoned for redelivery.
+	// batch and every outstanding record are abandoned for redelivery. The
+	// manager reuses the batch slice after Advance returns: a producer that
+	// keeps items past the call copies them (the items' Record, Payload and
+	// cause slices are not reused).
 	Advance(ctx context.Context, batch []AdvanceItem) error
 	// Close releases the producer. Errors are logged as warnings.
 	Close() error
