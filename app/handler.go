@@ -132,7 +132,7 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 		}
 	}
 	pt := &partition{h: h, w: w, sess: sess, topic: topic, p: p, key: fmt.Sprintf("%s[%d]", topic, p),
-		runners: runners, feed: newClaimFeed(claim), retry: w.cfg.redelivery.withDefaults(), attempts: map[int64]int{},
+		runners: runners, feed: newClaimFeed(claim), retry: w.cfg.redelivery.withDefaults(),
 		inflight: &table.InFlight{}}
 	env := *w.env
 	env.InFlight = pt.inflight

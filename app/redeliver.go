@@ -194,9 +194,6 @@ type partition struct {
 	// env is the worker's table.Env with this partition's in-flight counter.
 	env      *table.Env
 	inflight *table.InFlight
-
-	mu       sync.Mutex
-	attempts map[int64]int // failed deliveries per offset, kept across incarnations; guarded by mu
 }
 
 type agentResult struct {
@@ -205,22 +202,42 @@ type agentResult struct {
 	err error
 }
 
+// run runs the partition until a revoke (nil), a fatal agent error, or a
+// failure: then, after the redelivery backoff, it returns an error, which ends
+// the member's session. Ending the session releases every partition of this
+// member after a normal drain; the rejoin acquires them again, and the restore
+// rebuilds each table partition whose store holds effects of records past the
+// committed offset (its source-offset marks), so that the records redelivered
+// from there are not applied twice.
 func (pt *partition) run(ctx context.Context) error {
 	w := pt.w
-	from := int64(-1) // -1: read the claim
-	for restarts := 0; ; restarts++ {
-		prod := newClaimProducer(pt, from)
-		err, again := pt.incarnation(ctx, prod)
-		if !again {
-			return err
-		}
-		from = prod.resumeOffset()
-		d := pt.retry.delay(restarts + 1)
-		w.log.Warn("partition restarting", "topic", pt.topic, "partition", pt.p, "offset", from, "in", d, "err", err)
-		if !sleep(d, ctx.Done(), pt.feed.revoked) {
-			return nil
-		}
+	prod := newClaimProducer(pt, -1) // -1: read the claim
+	err, again := pt.incarnation(ctx, prod)
+	if !again {
+		return err
 	}
+	from := prod.resumeOffset()
+	n := max(pt.attemptsOf(from), 1)
+	d := pt.retry.delay(n)
+	w.log.Warn("partition failed; the session restarts and the partition resumes from its committed offset",
+		"topic", pt.topic, "partition", pt.p, "offset", from, "attempt", n, "in", d, "err", err)
+	if !sleep(d, ctx.Done(), pt.feed.revoked) {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", pt.key, err)
+}
+
+// retryError ends a partition's incarnation so that a failed record is
+// redelivered (Advance).
+type retryError struct {
+	key     string
+	offset  int64
+	attempt int
+	causes  []error
+}
+
+func (e *retryError) Error() string {
+	return fmt.Sprintf("%s@%d failed (delivery %d): %v", e.key, e.offset, e.attempt, e.causes)
 }
 
 // incarnation runs one shared-source group over the partition until a revoke
@@ -340,25 +357,44 @@ func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source
 	}
 }
 
+// attempts counts failed deliveries per record across sessions: a failure
+// ends the member's session (see run), so the count must outlive the claim.
+type attempts struct {
+	mu sync.Mutex
+	m  map[string]map[int64]int // partition key -> offset -> failed deliveries; guarded by mu
+}
+
+func (a *attempts) add(key string, offset int64) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m == nil {
+		a.m = map[string]map[int64]int{}
+	}
+	if a.m[key] == nil {
+		a.m[key] = map[int64]int{}
+	}
+	a.m[key][offset]++
+	return a.m[key][offset]
+}
+
+func (a *attempts) get(key string, offset int64) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.m[key][offset]
+}
+
+func (a *attempts) forget(key string, offset int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.m[key], offset)
+}
+
 // attempt counts one more failed delivery of offset and returns the count.
-func (pt *partition) attempt(offset int64) int {
-	pt.mu.Lock()
-	defer pt.mu.Unlock()
-	pt.attempts[offset]++
-	return pt.attempts[offset]
-}
+func (pt *partition) attempt(offset int64) int { return pt.w.attempts.add(pt.key, offset) }
 
-func (pt *partition) attemptsOf(offset int64) int {
-	pt.mu.Lock()
-	defer pt.mu.Unlock()
-	return pt.attempts[offset]
-}
+func (pt *partition) attemptsOf(offset int64) int { return pt.w.attempts.get(pt.key, offset) }
 
-func (pt *partition) forget(offset int64) {
-	pt.mu.Lock()
-	defer pt.mu.Unlock()
-	delete(pt.attempts, offset)
-}
+func (pt *partition) forget(offset int64) { pt.w.attempts.forget(pt.key, offset) }
 
 // payload is the broker payload of one fanned-out record: its offset and the
 // producer epoch it was fetched in. A seek back starts a new epoch; Advance
@@ -626,8 +662,12 @@ func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem)
 		if failed {
 			n := pt.attempt(off)
 			if n <= pt.retry.MaxRetries {
-				c.seekBack(off)
-				return nil
+				// Redeliver from off by restarting the member's session (run):
+				// the agents may already have applied table updates of records
+				// after off, and only a restore (which rebuilds a table partition
+				// holding effects of uncommitted records) puts the tables back
+				// to the committed offset before the records are processed again.
+				return &retryError{key: pt.key, offset: off, attempt: n, causes: it.Causes}
 			}
 			select {
 			case <-c.stop:

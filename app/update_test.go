@@ -2,7 +2,9 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,5 +49,44 @@ func TestConcurrentUpdatesFromTwoAgentsAreNotLost(t *testing.T) {
 	}
 	if last != strconv.Itoa(2*n) {
 		t.Fatalf("count[x] = %s, want %d", last, 2*n)
+	}
+}
+
+// An agent that fails once on v2 makes v2 and the records after it be
+// delivered again; the other agent counts every record in a table, and its
+// counts stay exact: the retry restarts the session, and the restore rebuilds
+// the table partition that held effects of the records after v2.
+func TestRetryDoesNotCountTwice(t *testing.T) {
+	f := newAckFixture(t, testbroker.Brokers(t))
+	counts := table.New(f.app, "counts", codec.String(), codec.DecimalInt64())
+	agent.New(f.app, "count", f.in, func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for ev := range s.Events() {
+			if _, err := counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
+				return err
+			}
+		}
+		return s.Err()
+	})
+	var failed atomic.Bool
+	agent.New(f.app, "flaky", f.in, func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for ev := range s.Events() {
+			if ev.Value == "v2" && failed.CompareAndSwap(false, true) {
+				time.Sleep(300 * time.Millisecond) // "count" runs ahead over v3, v4
+				return fmt.Errorf("transient failure on %s", ev.Value)
+			}
+		}
+		return s.Err()
+	})
+	f.start()
+	f.produce("v0", "v1", "v2", "v3", "v4")
+	f.eventually(30*time.Second, "committed offset 5", func() bool { return f.committed() == 5 })
+	got := map[string]string{}
+	for _, m := range f.read(counts.Changelog()) {
+		got[string(m.Key)] = string(m.Value)
+	}
+	for _, v := range []string{"v0", "v1", "v2", "v3", "v4"} {
+		if got[v] != "1" {
+			t.Errorf("count[%s] = %s, want 1", v, got[v])
+		}
 	}
 }

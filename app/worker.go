@@ -69,6 +69,7 @@ type Worker struct {
 	restored     atomic.Int64 // changelog records replayed by active restores
 	restoredSpan atomic.Int64 // changelog offsets covered by active restores
 	fatal        fatalState   // agent.StopWorker errors end Run (redeliver.go)
+	attempts     attempts     // failed deliveries per record, across sessions (redeliver.go)
 
 	adminOnce sync.Once // builds admin (tables_committed.go)
 	admin     sarama.ClusterAdmin
