@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/internal/kafka"
@@ -82,6 +83,9 @@ func (a *App) Command() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			do.Out = cmd.OutOrStdout()
+			if fi, err := os.Stderr.Stat(); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+				noProgress = true // not a terminal: a progress bar would run into the log lines
+			}
 			if do.Input != "" && !noProgress {
 				var bar *progressbar.ProgressBar
 				do.Progress = func(loaded, total int64) {
@@ -101,7 +105,8 @@ func (a *App) Command() *cobra.Command {
 	dev.Flags().StringVar(&do.Dump, "dump", "", "print only this table")
 	dev.Flags().BoolVar(&do.JSONOut, "json", false, "with --dump: print the table as one JSON object")
 	dev.Flags().IntVar(&do.Top, "top", 10, "entries of each table to print")
-	dev.Flags().BoolVar(&noProgress, "no-progress", false, "do not draw the loading progress bar")
+	dev.Flags().BoolVar(&noProgress, "no-progress", false, "do not draw the loading progress bar (it is drawn only on a terminal)")
+	dev.Flags().DurationVar(&do.Timeout, "timeout", 10*time.Minute, "give up when the input is not processed within this time")
 
 	var describeJSON bool
 	describe := &cobra.Command{

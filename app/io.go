@@ -34,15 +34,20 @@ func ReadTable(ctx context.Context, client sarama.Client, d table.Def) (map[stri
 	}
 	defer consumer.Close()
 	out := map[string]any{}
+	// Every offset is asked for before any partition is read: a ListOffsets
+	// request would otherwise wait behind the previous partition's fetch
+	// long-poll on the same broker connection.
+	ends, starts := map[int32]int64{}, map[int32]int64{}
 	for _, p := range parts {
-		end, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
+		if ends[p], err = client.GetOffset(topic, p, sarama.OffsetNewest); err != nil {
 			return nil, fmt.Errorf("highwater %s[%d]: %w", topic, p, err)
 		}
-		start, err := client.GetOffset(topic, p, sarama.OffsetOldest)
-		if err != nil {
+		if starts[p], err = client.GetOffset(topic, p, sarama.OffsetOldest); err != nil {
 			return nil, fmt.Errorf("log start %s[%d]: %w", topic, p, err)
 		}
+	}
+	for _, p := range parts {
+		end, start := ends[p], starts[p]
 		if start >= end {
 			continue
 		}

@@ -309,6 +309,14 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 	if first == nil {
 		return nil, false
 	}
+	if errors.Is(first.err, table.ErrNotCoPartitioned) {
+		// A programming or input error that no retry can fix: every record of
+		// the key would fail the same way.
+		w.log.Error("table key outside the event's partition; stopping the worker (is the input topic keyed by the table's key? dev: --key-field)",
+			"agent", first.r.Name(), "topic", pt.topic, "partition", pt.p, "err", first.err)
+		w.fatal.stop(first.err)
+		return first.err, false
+	}
 	if first.r.Settings().OnError == agent.StopWorker {
 		var ae *agent.Error
 		if errors.As(first.err, &ae) && !ae.Stream {
@@ -338,7 +346,7 @@ func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source
 			return agentResult{r: r, sub: sub}
 		}
 		var ae *agent.Error
-		if !errors.As(err, &ae) || ae.Stream || policy == agent.StopWorker {
+		if !errors.As(err, &ae) || ae.Stream || policy == agent.StopWorker || errors.Is(err, table.ErrNotCoPartitioned) {
 			return agentResult{r: r, sub: sub, err: err}
 		}
 		if time.Since(began) > pt.retry.MaxBackoff {
