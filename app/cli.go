@@ -83,6 +83,12 @@ func (a *App) Command() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			do.Out = cmd.OutOrStdout()
+			if do.Workers < 1 {
+				return fmt.Errorf("--workers %d: run at least 1 worker", do.Workers)
+			}
+			if do.JSONOut && do.Dump == "" {
+				return fmt.Errorf("--json prints one table: name it with --dump TABLE (tables: %s)", strings.Join(a.tableNames(), ", "))
+			}
 			if fi, err := os.Stderr.Stat(); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
 				noProgress = true // not a terminal: a progress bar would run into the log lines
 			}
