@@ -11,7 +11,6 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/changelog"
-	"github.com/runnel-dev/runnel/internal/testbroker"
 	"github.com/runnel-dev/runnel/stores"
 )
 
@@ -21,47 +20,9 @@ var benchRecords = flag.Int("restore-records", 200_000, "records in the changelo
 // (or real) changelog partition into a fresh Pebble store, 16-byte keys and
 // 100-byte values, 1000-record store batches.
 func BenchmarkRestorePebble(b *testing.B) {
-	brokers := testbroker.Brokers(b)
-	cfg := testbroker.SaramaConfig(b)
-	cfg.Consumer.Return.Errors = true
-	cfg.Consumer.Fetch.Default = 8 << 20
-	client, err := sarama.NewClient(brokers, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer client.Close()
-	admin, err := sarama.NewClusterAdminFromClient(client)
-	if err != nil {
-		b.Fatal(err)
-	}
-	topic := testbroker.Topic(b, "bench")
-	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false); err != nil {
-		b.Fatal(err)
-	}
 	n := *benchRecords
-	pcfg := testbroker.SaramaConfig(b)
-	pcfg.Producer.Partitioner = sarama.NewManualPartitioner
-	pcfg.Producer.Flush.Messages = 5000
-	pcfg.Producer.Flush.Frequency = 5 * time.Millisecond
-	pcfg.Producer.Compression = sarama.CompressionNone
-	prod, err := sarama.NewAsyncProducer(brokers, pcfg)
-	if err != nil {
-		b.Fatal(err)
-	}
 	value := make([]byte, 100)
-	go func() {
-		for i := range n {
-			prod.Input() <- &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(fmt.Sprintf("key-%012d", i)), Value: sarama.ByteEncoder(value)}
-		}
-	}()
-	for range n {
-		select {
-		case <-prod.Successes():
-		case err := <-prod.Errors():
-			b.Fatal(err)
-		}
-	}
-	prod.Close()
+	client, topic := bulkTopic(b, "bench", n, func(i int) string { return fmt.Sprintf("key-%012d", i) }, func(int) []byte { return value })
 	consumer, err := sarama.NewConsumerFromClient(client)
 	if err != nil {
 		b.Fatal(err)

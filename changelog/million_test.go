@@ -11,7 +11,6 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/changelog"
-	"github.com/runnel-dev/runnel/internal/testbroker"
 	"github.com/runnel-dev/runnel/stores"
 )
 
@@ -25,49 +24,12 @@ func TestRestoreOneMillionRecords(t *testing.T) {
 		t.Skip("1M records: skipped with -short")
 	}
 	const n, keys = 1_000_000, 100_000
-	brokers := testbroker.Brokers(t)
-	cfg := testbroker.SaramaConfig(t)
-	cfg.Consumer.Return.Errors = true
-	cfg.Consumer.Fetch.Default = 8 << 20
-	client, err := sarama.NewClient(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	admin, err := sarama.NewClusterAdminFromClient(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	topic := testbroker.Topic(t, "million")
-	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false); err != nil {
-		t.Fatal(err)
-	}
-	pcfg := testbroker.SaramaConfig(t)
-	pcfg.Producer.Partitioner = sarama.NewManualPartitioner
-	pcfg.Producer.Flush.Messages = 5000
-	pcfg.Producer.Flush.Frequency = 5 * time.Millisecond
-	prod, err := sarama.NewAsyncProducer(brokers, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	pad := make([]byte, 90)
 	for i := range pad {
 		pad[i] = 'x'
 	}
 	value := func(i int) []byte { return append([]byte(fmt.Sprintf("%010d", i)), pad...) }
-	go func() {
-		for i := range n {
-			prod.Input() <- &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder("k" + strconv.Itoa(i%keys)), Value: sarama.ByteEncoder(value(i))}
-		}
-	}()
-	for range n {
-		select {
-		case <-prod.Successes():
-		case err := <-prod.Errors():
-			t.Fatal(err)
-		}
-	}
-	prod.Close()
+	client, topic := bulkTopic(t, "million", n, func(i int) string { return "k" + strconv.Itoa(i%keys) }, value)
 
 	consumer, err := sarama.NewConsumerFromClient(client)
 	if err != nil {
