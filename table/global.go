@@ -40,10 +40,7 @@ type GlobalDef interface {
 // the changelog's highwater, so read-modify-write (Update) sees every earlier
 // write of the previous owner.
 type GlobalTable[K any, V any] struct {
-	name, topic string
-	kc          codec.Codec[K]
-	vc          codec.Codec[V]
-	opts        options
+	declared[K, V]
 
 	mu       sync.Mutex
 	replicas []*GlobalState // attached worker replicas, oldest first; guarded by mu
@@ -53,40 +50,9 @@ type GlobalTable[K any, V any] struct {
 // the worker, compacted, with the table's partition count (Partitions, or that
 // of the app's source topics).
 func NewGlobal[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.Codec[V], opts ...Option) *GlobalTable[K, V] {
-	t := &GlobalTable[K, V]{name: name, topic: changelog.Topic(h.AppID(), name), kc: kc, vc: vc}
-	for _, o := range opts {
-		o(&t.opts)
-	}
+	t := &GlobalTable[K, V]{declared: declare(h, name, kc, vc, opts)}
 	h.RegisterTable(t)
 	return t
-}
-
-// Name returns the table name.
-func (t *GlobalTable[K, V]) Name() string { return t.name }
-
-// Changelog returns the changelog topic name.
-func (t *GlobalTable[K, V]) Changelog() string { return t.topic }
-
-// Partitions returns the declared partition count (0 = follows the sources).
-func (t *GlobalTable[K, V]) Partitions() int32 { return t.opts.partitions }
-
-// KeyCodec names the key codec.
-func (t *GlobalTable[K, V]) KeyCodec() string { return t.kc.Name() }
-
-// ValueCodec names the value codec.
-func (t *GlobalTable[K, V]) ValueCodec() string { return t.vc.Name() }
-
-// Format decodes a stored key and value.
-func (t *GlobalTable[K, V]) Format(key, value []byte) (string, any, error) {
-	k, err := t.kc.Decode(key)
-	if err != nil {
-		return "", nil, fmt.Errorf("table %s: key: %w", t.name, err)
-	}
-	v, err := t.vc.Decode(value)
-	if err != nil {
-		return "", nil, fmt.Errorf("table %s: value of %v: %w", t.name, k, err)
-	}
-	return fmt.Sprint(k), v, nil
 }
 
 // AttachReplica implements GlobalDef.

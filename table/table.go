@@ -130,39 +130,50 @@ func Partitions(n int32) Option { return func(o *options) { o.partitions = n } }
 // being processed (see Event); reads see the worker's own writes at once, before
 // the changelog acknowledged them.
 type Table[K any, V any] struct {
+	declared[K, V]
+}
+
+// declared is what every kind of table is declared with: its name, changelog
+// topic, codecs and options, and the methods of Def that only need those.
+type declared[K any, V any] struct {
 	name, topic string
 	kc          codec.Codec[K]
 	vc          codec.Codec[V]
 	opts        options
 }
 
+func declare[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.Codec[V], opts []Option) declared[K, V] {
+	d := declared[K, V]{name: name, topic: changelog.Topic(h.AppID(), name), kc: kc, vc: vc}
+	for _, o := range opts {
+		o(&d.opts)
+	}
+	return d
+}
+
 // New declares a table on h. The changelog topic is created by the worker.
 func New[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.Codec[V], opts ...Option) *Table[K, V] {
-	t := &Table[K, V]{name: name, topic: changelog.Topic(h.AppID(), name), kc: kc, vc: vc}
-	for _, o := range opts {
-		o(&t.opts)
-	}
+	t := &Table[K, V]{declared: declare(h, name, kc, vc, opts)}
 	h.RegisterTable(t)
 	return t
 }
 
 // Name returns the table name.
-func (t *Table[K, V]) Name() string { return t.name }
+func (t *declared[K, V]) Name() string { return t.name }
 
 // Changelog returns the changelog topic name.
-func (t *Table[K, V]) Changelog() string { return t.topic }
+func (t *declared[K, V]) Changelog() string { return t.topic }
 
 // Partitions returns the declared partition count (0 = follows the sources).
-func (t *Table[K, V]) Partitions() int32 { return t.opts.partitions }
+func (t *declared[K, V]) Partitions() int32 { return t.opts.partitions }
 
 // KeyCodec names the key codec.
-func (t *Table[K, V]) KeyCodec() string { return t.kc.Name() }
+func (t *declared[K, V]) KeyCodec() string { return t.kc.Name() }
 
 // ValueCodec names the value codec.
-func (t *Table[K, V]) ValueCodec() string { return t.vc.Name() }
+func (t *declared[K, V]) ValueCodec() string { return t.vc.Name() }
 
 // Format decodes a stored key and value.
-func (t *Table[K, V]) Format(key, value []byte) (string, any, error) {
+func (t *declared[K, V]) Format(key, value []byte) (string, any, error) {
 	k, err := t.kc.Decode(key)
 	if err != nil {
 		return "", nil, fmt.Errorf("table %s: key: %w", t.name, err)
