@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/codec"
@@ -19,28 +21,61 @@ import (
 	"github.com/runnel-dev/runnel/table"
 )
 
-// BenchmarkKafkaPath measures records/s through the whole Kafka path of one
-// worker (app.Process on testbroker: kfake unless RUNNEL_KAFKA_BROKERS is
-// set): a 1-agent app reads b.N records from a 4-partition topic and updates
-// one table key per record (1000 distinct keys: a read from the overlay or
-// the Pebble store, a changelog record produced with acks=all, a persist
-// token confirmed on its ack, the source offset committed once every token
-// of the record confirmed). Metrics:
+// kafkaPathRecords is how many records one op of BenchmarkKafkaPath
+// processes.
+var kafkaPathRecords = flag.Int("kafkapath-records", 200_000, "records per op of BenchmarkKafkaPath")
+
+// BenchmarkKafkaPath measures steady-state table update throughput with a
+// changelog through the whole Kafka path of one worker (app.Process on
+// testbroker: kfake unless RUNNEL_KAFKA_BROKERS is set, Pebble stores): a
+// 1-agent app reads -kafkapath-records records (default 200 000) from a
+// 4-partition topic and does one Table.Update per record (a read from the
+// overlay or the Pebble store, a changelog record produced with acks=all, a
+// persist token confirmed on its ack, the source offset committed once every
+// token of the record confirmed). Sub-benchmarks: keys=1k and keys=100k
+// distinct keys. One op is one whole Process run; metrics are averaged over
+// the ops:
 //
-//   - agent-records/s: b.N over the span from the first to the last record
-//     the agent saw (steady-state processing, no group join or drain);
-//   - e2e-records/s: b.N over the span from the end of the input load to the
-//     group's lag 0 (join, processing, the last commits; WaitForLag0 polls,
-//     so small runs understate it).
+//   - agent-records/s: records over the span from the first to the last
+//     record the agent saw (steady-state processing, no group join or drain);
+//   - changelog-records/s: changelog records over the span from the first to
+//     the last one the broker reported (sum of the changelog partitions'
+//     highwaters, polled every 20 ms): the write rate the broker acknowledged;
+//   - e2e-records/s: records over the span from the end of the input load to
+//     the group's lag 0 (join, processing, the last commits; WaitForLag0
+//     polls, so small runs understate it).
 //
-// The timer covers the whole Process call, which includes loading the input
-// and reading the table back; use the two metrics, not ns/op. Run with
-// -benchtime 100000x or more.
+// ns/op covers the whole Process call, which includes loading the input and
+// reading the table back; use the metrics. Run with -benchtime 1x.
 func BenchmarkKafkaPath(b *testing.B) {
+	for _, keys := range []int{1000, 100_000} {
+		b.Run(fmt.Sprintf("keys=%dk", keys/1000), func(b *testing.B) {
+			var agentRate, clRate, e2eRate float64
+			for range b.N {
+				r := runKafkaPath(b, *kafkaPathRecords, keys)
+				agentRate += r.agent / float64(b.N)
+				clRate += r.changelog / float64(b.N)
+				e2eRate += r.e2e / float64(b.N)
+			}
+			b.ReportMetric(agentRate, "agent-records/s")
+			b.ReportMetric(clRate, "changelog-records/s")
+			b.ReportMetric(e2eRate, "e2e-records/s")
+		})
+	}
+}
+
+// kafkaPathRates are the records/s of one runKafkaPath (0 where the span was
+// too short to measure).
+type kafkaPathRates struct{ agent, changelog, e2e float64 }
+
+// runKafkaPath runs one app.Process over n records with keys distinct keys
+// and checks the table it returns.
+func runKafkaPath(b *testing.B, n, keys int) kafkaPathRates {
+	b.StopTimer()
 	brokers := testbroker.Brokers(b)
 	dir := b.TempDir()
 	input := filepath.Join(dir, "input.jsonl")
-	writeInput(b, input, b.N, 1000)
+	writeInput(b, input, n, keys)
 
 	id := testbroker.Topic(b, "bench")
 	a := app.New(id,
@@ -65,10 +100,15 @@ func BenchmarkKafkaPath(b *testing.B) {
 		}
 		return s.Err()
 	})
+	g, err := a.Topology()
+	if err != nil {
+		b.Fatal(err)
+	}
+	poll := pollHighwaters(b, brokers, g.Tables[0].Changelog, 4, int64(n))
 
 	var loaded time.Time
 	var lag0 time.Time
-	b.ResetTimer()
+	b.StartTimer()
 	res, err := a.Process(context.Background(), brokers, app.DevOptions{
 		Workers: 1,
 		Input:   input,
@@ -83,25 +123,102 @@ func BenchmarkKafkaPath(b *testing.B) {
 		Inspect: func([]*app.Worker) { lag0 = time.Now() },
 	})
 	b.StopTimer()
+	cl := poll.stop()
 	if err != nil {
 		b.Fatal(err)
 	}
-	if got := seen.Load(); got < int64(b.N) {
-		b.Fatalf("agent saw %d records, want %d", got, b.N)
+	if got := seen.Load(); got < int64(n) {
+		b.Fatalf("agent saw %d records, want %d", got, n)
 	}
 	var sum int64
 	for _, v := range res.Tables["counts"] {
 		sum += v.(int64)
 	}
-	if sum != int64(b.N) {
-		b.Fatalf("table counts sum to %d, want %d", sum, b.N)
+	if sum != int64(n) || len(res.Tables["counts"]) != min(n, keys) {
+		b.Fatalf("table has %d keys whose counts sum to %d, want %d keys summing to %d", len(res.Tables["counts"]), sum, min(n, keys), n)
 	}
+	if cl.last < int64(n) {
+		b.Fatalf("changelog highwaters sum to %d, want %d (one record per update)", cl.last, n)
+	}
+	var r kafkaPathRates
 	if span := time.Duration(last.Load() - first.Load()); span > 0 {
-		b.ReportMetric(float64(b.N)/span.Seconds(), "agent-records/s")
+		r.agent = float64(n) / span.Seconds()
 	}
+	r.changelog = cl.rate()
 	if !loaded.IsZero() && lag0.After(loaded) {
-		b.ReportMetric(float64(b.N)/lag0.Sub(loaded).Seconds(), "e2e-records/s")
+		r.e2e = float64(n) / lag0.Sub(loaded).Seconds()
 	}
+	return r
+}
+
+// highwaterPoll samples the sum of a topic's partition highwaters.
+type highwaterPoll struct {
+	done            chan struct{}
+	stopped         chan struct{}
+	firstAt, lastAt time.Time
+	first, last     int64 // sums seen at firstAt (first nonzero) and lastAt (first reaching want)
+}
+
+// pollHighwaters polls the sum of the newest offsets of topic's partitions
+// every 20 ms (the topic may not exist yet) until the sum reaches want or
+// stop is called.
+func pollHighwaters(b *testing.B, brokers []string, topic string, partitions int32, want int64) *highwaterPoll {
+	b.Helper()
+	client, err := sarama.NewClient(brokers, testbroker.SaramaConfig(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := &highwaterPoll{done: make(chan struct{}), stopped: make(chan struct{})}
+	go func() {
+		defer close(h.stopped)
+		defer client.Close()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-h.done:
+				return
+			case <-tick.C:
+			}
+			var sum int64
+			for p := range partitions {
+				off, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+				if err != nil {
+					sum = -1
+					break
+				}
+				sum += off
+			}
+			if sum <= 0 {
+				continue
+			}
+			now := time.Now()
+			if h.firstAt.IsZero() {
+				h.firstAt, h.first = now, sum
+			}
+			h.lastAt, h.last = now, sum
+			if sum >= want {
+				return
+			}
+		}
+	}()
+	return h
+}
+
+// stop ends the polling and returns the samples.
+func (h *highwaterPoll) stop() *highwaterPoll {
+	close(h.done)
+	<-h.stopped
+	return h
+}
+
+// rate returns the records/s between the first and the last sample (0 when
+// they coincide).
+func (h *highwaterPoll) rate() float64 {
+	if !h.lastAt.After(h.firstAt) {
+		return 0
+	}
+	return float64(h.last-h.first) / h.lastAt.Sub(h.firstAt).Seconds()
 }
 
 // writeInput writes n JSON lines {"k":"key-<i mod keys>","i":<i>} to path.
