@@ -142,20 +142,25 @@ func (t *GlobalTable[K, V]) Set(ev Event, key K, value V) error {
 	if err != nil {
 		return err
 	}
-	kb, err := t.kc.Encode(key)
+	kb, err := t.encodeKey(key)
 	if err != nil {
-		return fmt.Errorf("table %s: encode key: %w", t.name, err)
+		return err
 	}
-	vb, err := t.vc.Encode(value)
+	vb, err := t.encodeValue(value)
 	if err != nil {
-		return fmt.Errorf("table %s: encode value: %w", t.name, err)
+		return err
 	}
 	return s.write(ev, kb, vb, false)
 }
 
 // Update replaces the value of key with fn(old), where old is the zero value
 // when the key is absent, and returns the new value. The write is bound to ev.
+// Like Table.Update, the read and the write are one step for the partition,
+// and fn must not use the same table.
 func (t *GlobalTable[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
+	if s, err := t.current(ev); err == nil {
+		defer s.rmw.lock(ev.Partition())()
+	}
 	old, _, err := t.Get(ev, key)
 	if err != nil {
 		return old, err
@@ -170,9 +175,9 @@ func (t *GlobalTable[K, V]) Delete(ev Event, key K) error {
 	if err != nil {
 		return err
 	}
-	kb, err := t.kc.Encode(key)
+	kb, err := t.encodeKey(key)
 	if err != nil {
-		return fmt.Errorf("table %s: encode key: %w", t.name, err)
+		return err
 	}
 	return s.write(ev, kb, nil, true)
 }
@@ -193,6 +198,8 @@ type GlobalState struct {
 	partitions  int32
 	store       stores.Store
 	send        ChangelogSendFunc
+
+	rmw partitionLocks // Update's read-modify-write, per partition
 
 	mu      sync.Mutex
 	seq     uint64                            // guarded by mu

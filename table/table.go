@@ -142,6 +142,22 @@ type declared[K any, V any] struct {
 	opts        options
 }
 
+func (d *declared[K, V]) encodeKey(key K) ([]byte, error) {
+	kb, err := d.kc.Encode(key)
+	if err != nil {
+		return nil, fmt.Errorf("table %s: encode key: %w", d.name, err)
+	}
+	return kb, nil
+}
+
+func (d *declared[K, V]) encodeValue(value V) ([]byte, error) {
+	vb, err := d.vc.Encode(value)
+	if err != nil {
+		return nil, fmt.Errorf("table %s: encode value: %w", d.name, err)
+	}
+	return vb, nil
+}
+
 func declare[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.Codec[V], opts []Option) declared[K, V] {
 	d := declared[K, V]{name: name, topic: changelog.Topic(h.AppID(), name), kc: kc, vc: vc}
 	for _, o := range opts {
@@ -221,13 +237,13 @@ func (t *Table[K, V]) Set(ev Event, key K, value V) error {
 	if err != nil {
 		return err
 	}
-	kb, err := t.kc.Encode(key)
+	kb, err := t.encodeKey(key)
 	if err != nil {
-		return fmt.Errorf("table %s: encode key: %w", t.name, err)
+		return err
 	}
-	vb, err := t.vc.Encode(value)
+	vb, err := t.encodeValue(value)
 	if err != nil {
-		return fmt.Errorf("table %s: encode value: %w", t.name, err)
+		return err
 	}
 	return s.write(ev, kb, vb, false)
 }
@@ -241,7 +257,7 @@ func (t *Table[K, V]) Set(ev Event, key K, value V) error {
 // same table.
 func (t *Table[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
 	if s, err := t.current(ev); err == nil {
-		defer s.lockPartition(ev.Partition())()
+		defer s.rmw.lock(ev.Partition())()
 	}
 	old, _, err := t.Get(ev, key)
 	if err != nil {
@@ -257,9 +273,9 @@ func (t *Table[K, V]) Delete(ev Event, key K) error {
 	if err != nil {
 		return err
 	}
-	kb, err := t.kc.Encode(key)
+	kb, err := t.encodeKey(key)
 	if err != nil {
-		return fmt.Errorf("table %s: encode key: %w", t.name, err)
+		return err
 	}
 	return s.write(ev, kb, nil, true)
 }
@@ -325,12 +341,13 @@ type State struct {
 	store       stores.Store
 	send        ChangelogSendFunc
 
+	rmw partitionLocks // Update's read-modify-write, per partition
+
 	mu      sync.Mutex
 	seq     uint64                         // guarded by mu
 	overlay map[int32]map[string]overlayed // newest unacknowledged write per key; guarded by mu
 	active  map[int32]bool                 // partitions this worker may write; guarded by mu
 	epoch   map[int32]uint64               // bumped on every activation change of a partition; guarded by mu
-	rmw     map[int32]*sync.Mutex          // per-partition lock of Update's read-modify-write; map guarded by mu
 
 	// markMu serializes the application of acknowledged writes, so that a
 	// mark read from marks is the one in the store when the batch raising it
@@ -360,19 +377,25 @@ func (s *State) Store() stores.Store { return s.store }
 // Topic returns the changelog topic.
 func (s *State) Topic() string { return s.topic }
 
-// lockPartition serializes read-modify-write updates of partition p and
-// returns the unlock.
-func (s *State) lockPartition(p int32) func() {
-	s.mu.Lock()
-	if s.rmw == nil {
-		s.rmw = map[int32]*sync.Mutex{}
+// partitionLocks serializes the read-modify-write of Update per partition.
+// The zero value is ready to use.
+type partitionLocks struct {
+	mu sync.Mutex
+	m  map[int32]*sync.Mutex // guarded by mu
+}
+
+// lock locks partition p and returns the unlock.
+func (l *partitionLocks) lock(p int32) func() {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[int32]*sync.Mutex{}
 	}
-	m := s.rmw[p]
+	m := l.m[p]
 	if m == nil {
 		m = &sync.Mutex{}
-		s.rmw[p] = m
+		l.m[p] = m
 	}
-	s.mu.Unlock()
+	l.mu.Unlock()
 	m.Lock()
 	return m.Unlock
 }
