@@ -51,29 +51,25 @@ func ReadTable(ctx context.Context, client sarama.Client, d table.Def) (map[stri
 		if start >= end {
 			continue
 		}
-		pc, err := consumer.ConsumePartition(topic, p, start)
-		if err != nil {
-			return nil, fmt.Errorf("read %s[%d]: %w", topic, p, err)
-		}
 		last := map[string][]byte{}
-		for done := false; !done; {
-			select {
-			case <-ctx.Done():
-				pc.AsyncClose()
-				return nil, ctx.Err()
-			case e := <-pc.Errors():
-				pc.AsyncClose()
-				return nil, fmt.Errorf("read %s[%d]: %w", topic, p, e.Err)
-			case m := <-pc.Messages():
-				if m.Value == nil {
-					delete(last, string(m.Key))
-				} else {
-					last[string(m.Key)] = m.Value
-				}
-				done = m.Offset+1 >= end
+		pos := start
+		for moved := 0; pos < end; moved++ {
+			next, err := readRange(ctx, consumer, topic, p, pos, end, last)
+			if err == nil {
+				break
 			}
+			// kfake moves the log start when it compacts the head of a partition
+			// (Kafka never does for compaction): what lies below the new start was
+			// superseded by later records, so resume there.
+			if !errors.Is(err, sarama.ErrOffsetOutOfRange) || moved >= 20 {
+				return nil, fmt.Errorf("read %s[%d]: %w", topic, p, err)
+			}
+			oldest, oerr := client.GetOffset(topic, p, sarama.OffsetOldest)
+			if oerr != nil {
+				return nil, fmt.Errorf("log start %s[%d]: %w", topic, p, oerr)
+			}
+			pos = max(next, oldest)
 		}
-		pc.AsyncClose()
 		for k, v := range last {
 			ks, val, err := d.Format([]byte(k), v)
 			if err != nil {
@@ -83,6 +79,45 @@ func ReadTable(ctx context.Context, client sarama.Client, d table.Def) (map[stri
 		}
 	}
 	return out, nil
+}
+
+// readRange reads [from, end) of one partition into last (latest value per
+// key, tombstones delete). It returns the offset after the last record read
+// and the error that stopped it, if any.
+func readRange(ctx context.Context, consumer sarama.Consumer, topic string, p int32, from, end int64, last map[string][]byte) (int64, error) {
+	pc, err := consumer.ConsumePartition(topic, p, from)
+	if err != nil {
+		return from, err
+	}
+	defer pc.AsyncClose()
+	pos := from
+	for pos < end {
+		select {
+		case <-ctx.Done():
+			return pos, ctx.Err()
+		case e, ok := <-pc.Errors():
+			if ok && e != nil {
+				return pos, e.Err
+			}
+		case m, ok := <-pc.Messages():
+			if !ok {
+				// Sarama closes Messages after an error (OffsetOutOfRange).
+				for e := range pc.Errors() {
+					if e != nil {
+						return pos, e.Err
+					}
+				}
+				return pos, errors.New("partition consumer closed")
+			}
+			if m.Value == nil {
+				delete(last, string(m.Key))
+			} else {
+				last[string(m.Key)] = m.Value
+			}
+			pos = m.Offset + 1
+		}
+	}
+	return pos, nil
 }
 
 // SendStats counts what SendLines produced.
