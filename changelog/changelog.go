@@ -185,8 +185,11 @@ type Restorer struct {
 // Result describes one restore.
 type Result struct {
 	// Records is how many changelog records were applied; Skipped how many were
-	// left out as uncommitted (SkipUncommitted).
-	Records, Skipped int64
+	// left out as uncommitted (SkipUncommitted; a key's first uncommitted
+	// record puts the key back to its before-image and counts here too);
+	// Fenced how many were ignored as written by a stale owner (an epoch below
+	// one already applied, Stamp).
+	Records, Skipped, Fenced int64
 	// From is the first offset read, To the end offset captured at start
 	// (the highwater); From == To means nothing needed replaying.
 	From, To int64
@@ -328,7 +331,7 @@ func (r *Restorer) run(ctx context.Context, topic string, p int32, st stores.Sto
 			r.report(Progress{Topic: topic, Partition: p, Position: from, Target: end, Done: true}, false)
 			return res, nil
 		}
-		n, skipped, err := r.consume(ctx, topic, p, st, from, end, follow, o)
+		n, skipped, err := r.consume(ctx, topic, p, st, from, end, follow, o, &res.Fenced)
 		res.Records += n
 		res.Skipped += skipped
 		if errors.Is(err, sarama.ErrOffsetOutOfRange) && (follow || moved < 20) {
@@ -345,20 +348,6 @@ func (r *Restorer) run(ctx context.Context, topic string, p int32, st stores.Sto
 		}
 		return res, err
 	}
-}
-
-// uncommitted reports whether msg derives from a source record whose offset
-// the group has not committed.
-func uncommitted(f CommittedFunc, hs []*sarama.RecordHeader) bool {
-	if f == nil {
-		return false
-	}
-	src, ok := SourceOf(hs)
-	if !ok {
-		return false
-	}
-	c, tracked := f(src.Topic, src.Partition)
-	return tracked && src.Offset >= c
 }
 
 // dirtyMarks reports whether partition p of st holds an effect of a source
@@ -469,10 +458,10 @@ func (r *Restorer) report(pr Progress, quiet bool) {
 type pendingRec struct {
 	key, value []byte
 	offset     int64
-	headers    []*sarama.RecordHeader
+	stamp      *Stamp
 }
 
-func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores.Store, from, end int64, follow bool, o runOpts) (n, skipped int64, err error) {
+func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores.Store, from, end int64, follow bool, o runOpts, fencedN *int64) (n, skipped int64, err error) {
 	pc, err := r.Consumer.ConsumePartition(topic, p, from)
 	if err != nil {
 		return 0, 0, err
@@ -508,13 +497,18 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 	}
 
 	// Source-offset marks: the store keeps, per source partition, the highest
-	// source offset whose effect it holds (docs/tables.md). marks starts from
-	// the store's (empty after a wipe); raised names go out with the next batch.
+	// source offset whose effect it holds (docs/tables.md), and under EpochMark
+	// the highest writer epoch applied. marks starts from the store's (empty
+	// after a wipe); raised names go out with the next batch.
 	marks, err := st.Marks(p)
 	if err != nil {
 		return 0, 0, err
 	}
 	raised := map[string]bool{}
+	// reverted holds the keys a restore already put back to a before-image:
+	// the first uncommitted record of a key carries the committed value, later
+	// ones (of later uncommitted cycles) carry uncommitted values.
+	reverted := map[string]bool{}
 
 	// b accumulates ops; applied is the checkpoint last written. A batch with
 	// no ops but a higher offset still moves the checkpoint (skipped records).
@@ -536,45 +530,83 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 		b = &stores.Batch{Ops: b.Ops[:0:0], Offset: stores.NoOffset}
 		return nil
 	}
-	add := func(key, value []byte, offset int64, hs []*sarama.RecordHeader) {
+	raise := func(k string, v int64) {
+		if cur, ok := marks[k]; !ok || v > cur {
+			marks[k] = v
+			raised[k] = true
+		}
+	}
+	put := func(key, value []byte, offset int64) {
 		if value == nil {
 			b.Delete(key)
 		} else {
 			b.Put(key, value)
 		}
 		b.Offset = offset
-		if src, ok := SourceOf(hs); ok {
-			k := src.MarkKey()
-			if cur, ok := marks[k]; !ok || src.Offset > cur {
-				marks[k] = src.Offset
-				raised[k] = true
+	}
+	add := func(key, value []byte, offset int64, stamp *Stamp) {
+		put(key, value, offset)
+		if stamp != nil {
+			for _, src := range stamp.Sources {
+				raise(src.MarkKey(), src.Offset)
 			}
 		}
+	}
+	// fenced reports whether a record's writer epoch is below one already
+	// applied (a stale owner's late write), and raises the epoch mark.
+	fenced := func(stamp *Stamp) bool {
+		if stamp == nil || stamp.Epoch == 0 {
+			return false // written before epochs existed
+		}
+		if cur, ok := marks[EpochMark]; ok && stamp.Epoch < cur {
+			return true
+		}
+		raise(EpochMark, stamp.Epoch)
+		return false
+	}
+	stampOf := func(hs []*sarama.RecordHeader) *Stamp {
+		if s, ok := StampOf(hs); ok {
+			return &s
+		}
+		return nil
 	}
 	// Standby hold-back (SkipUncommitted in Follow): records are applied in
 	// offset order, so once one is held back every later one queues behind it.
 	var pending []pendingRec
 	release := func() {
 		i := 0
-		for ; i < len(pending) && !uncommitted(o.committed, pending[i].headers); i++ {
-			add(pending[i].key, pending[i].value, pending[i].offset, pending[i].headers)
+		for ; i < len(pending) && (pending[i].stamp == nil || pending[i].stamp.committed(o.committed)); i++ {
+			add(pending[i].key, pending[i].value, pending[i].offset, pending[i].stamp)
 		}
 		pending = pending[i:]
 	}
 	handle := func(msg *sarama.ConsumerMessage) {
 		pos = msg.Offset + 1
+		stamp := stampOf(msg.Headers)
+		if fenced(stamp) {
+			*fencedN++
+			b.Offset = msg.Offset
+			return
+		}
+		uncommitted := stamp != nil && o.committed != nil && !stamp.committed(o.committed)
 		switch {
 		case follow && o.committed != nil:
-			if len(pending) > 0 || uncommitted(o.committed, msg.Headers) {
-				pending = append(pending, pendingRec{key: msg.Key, value: msg.Value, offset: msg.Offset, headers: msg.Headers})
+			if len(pending) > 0 || uncommitted {
+				pending = append(pending, pendingRec{key: msg.Key, value: msg.Value, offset: msg.Offset, stamp: stamp})
 				return
 			}
-			add(msg.Key, msg.Value, msg.Offset, msg.Headers)
-		case !follow && uncommitted(o.committed, msg.Headers):
+			add(msg.Key, msg.Value, msg.Offset, stamp)
+		case !follow && uncommitted:
 			skipped++
 			b.Offset = msg.Offset
+			if stamp.HasBefore && !reverted[string(msg.Key)] {
+				// Put the key back to its committed value: compaction may
+				// have removed the record that wrote it.
+				reverted[string(msg.Key)] = true
+				put(msg.Key, stamp.Before, msg.Offset)
+			}
 		default:
-			add(msg.Key, msg.Value, msg.Offset, msg.Headers)
+			add(msg.Key, msg.Value, msg.Offset, stamp)
 		}
 	}
 

@@ -82,6 +82,7 @@ type rec struct {
 	key, value string
 	tombstone  bool
 	src        *changelog.Source
+	stamp      *changelog.Stamp // a commit cycle's stamp (instead of src)
 }
 
 func (r rec) message(topic string) *sarama.ProducerMessage {
@@ -93,6 +94,9 @@ func (r rec) message(topic string) *sarama.ProducerMessage {
 		for _, h := range r.src.Headers() {
 			m.Headers = append(m.Headers, sarama.RecordHeader{Key: h[0], Value: h[1]})
 		}
+	}
+	if r.stamp != nil {
+		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(changelog.HeaderStamp), Value: r.stamp.Append(nil)})
 	}
 	return m
 }
