@@ -182,6 +182,11 @@ func (e *Event[K, V]) Origin() table.Origin {
 // Partition is the record's partition.
 func (e *Event[K, V]) Partition() int32 { return e.Record.Partition }
 
+// InWindow reports whether the event's window is still open (the agent has
+// not pulled the next event). Table writes check it: a write outside the
+// window is table.ErrOutsideWindow.
+func (e *Event[K, V]) InWindow() bool { return e.d.Open() }
+
 // BindPersist implements table.Event: it binds one derived record to the event.
 func (e *Event[K, V]) BindPersist() (func(error), bool) {
 	tok, ok := e.d.Bind()

@@ -35,10 +35,16 @@ type Config struct {
 	// DataDir holds the Pebble stores (one directory per table). Env
 	// RUNNEL_DATA_DIR. Default ./var.
 	DataDir string
-	// CommitInterval is how often resolved offsets are committed; default 2.8 s
-	// (Faust's default; Kafka Streams uses 30 s under at-least-once). Offsets are
-	// also committed on every revoke and on shutdown.
+	// CommitInterval is how often resolved offsets are committed, and how
+	// often each task runs a commit cycle (its table writes go to the
+	// changelog and the store; docs/tables.md); default 2.8 s (Faust's
+	// default; Kafka Streams uses 30 s under at-least-once). Offsets are also
+	// committed on every revoke and on shutdown.
 	CommitInterval time.Duration
+	// CacheBytes is the size of a table partition's write cache at which its
+	// task runs a cycle before the interval ends; default
+	// table.DefaultCacheBytes (4 MiB).
+	CacheBytes int
 	// Replicas is the number of standby replicas of each changelog partition;
 	// default 1 (clamped to workers−1).
 	Replicas int
@@ -71,6 +77,10 @@ func WithDataDir(dir string) Option { return func(c *Config) { c.DataDir = dir }
 
 // WithCommitInterval sets how often offsets are committed (default 2.8 s).
 func WithCommitInterval(d time.Duration) Option { return func(c *Config) { c.CommitInterval = d } }
+
+// WithCacheBytes sets the write-cache size per table partition that triggers
+// an early commit cycle (default table.DefaultCacheBytes, 4 MiB).
+func WithCacheBytes(n int) Option { return func(c *Config) { c.CacheBytes = n } }
 
 // WithReplicas sets the standby replicas per changelog partition (default 1).
 func WithReplicas(n int) Option { return func(c *Config) { c.Replicas = n } }

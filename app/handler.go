@@ -134,6 +134,18 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	pt := &partition{h: h, w: w, sess: sess, topic: topic, p: p, key: fmt.Sprintf("%s[%d]", topic, p),
 		runners: runners, feed: newClaimFeed(claim), retry: w.cfg.redelivery.withDefaults(),
 		inflight: &table.InFlight{}}
+	if len(acquired) > 0 {
+		// The partition writes tables: its offsets are committed by the
+		// task's commit cycles (tasks.go).
+		src, _ := w.graph.Topic(topic)
+		k := taskKey{src.Partitions, p}
+		var states []*table.State
+		for _, rk := range acquired {
+			states = append(states, w.tableByName(rk.table).state)
+		}
+		pt.task = w.tasks.join(k, sess, states)
+		defer w.tasks.leave(k)
+	}
 	env := *w.env
 	env.InFlight = pt.inflight
 	pt.env = &env

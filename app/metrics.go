@@ -20,6 +20,9 @@ type metrics struct {
 	reg       *prometheus.Registry
 	committed *prometheus.CounterVec
 	restored  *prometheus.CounterVec
+
+	cycleRecords prometheus.Counter
+	cycleSeconds prometheus.Histogram
 }
 
 func newMetrics() *metrics {
@@ -29,7 +32,11 @@ func newMetrics() *metrics {
 		restored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_restore_records_total",
 			Help: "Changelog records replayed into local stores by active restores."}, []string{"table"}),
 	}
-	m.reg.MustRegister(m.committed, m.restored)
+	m.cycleRecords = prometheus.NewCounter(prometheus.CounterOpts{Name: "runnel_cycle_changelog_records_total",
+		Help: "Changelog records written by commit cycles (one per dirty key per cycle)."})
+	m.cycleSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "runnel_cycle_duration_seconds",
+		Help: "Duration of commit cycles that wrote records: cut, flush, commit, apply.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)})
+	m.reg.MustRegister(m.committed, m.restored, m.cycleRecords, m.cycleSeconds)
 	return m
 }
 

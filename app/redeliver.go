@@ -194,6 +194,9 @@ type partition struct {
 	// env is the worker's table.Env with this partition's in-flight counter.
 	env      *table.Env
 	inflight *table.InFlight
+	// task runs the commit cycles of the tables this partition writes; nil
+	// when it writes none (offsets are then marked as records resolve).
+	task *taskRun
 }
 
 type agentResult struct {
@@ -212,6 +215,11 @@ type agentResult struct {
 func (pt *partition) run(ctx context.Context) error {
 	w := pt.w
 	prod := newClaimProducer(pt, -1) // -1: read the claim
+	if pt.task != nil {
+		prod.capped = true
+		pt.task.t.Add(prod)
+		defer pt.task.t.Remove(prod)
+	}
 	err, again := pt.incarnation(ctx, prod)
 	if !again {
 		return err
@@ -268,9 +276,16 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 	}
 	running := len(pt.runners)
 	var first *agentResult
+	var taskFailed <-chan struct{}
+	if pt.task != nil {
+		taskFailed = pt.task.failed
+	}
+	var taskErr error
 	select {
 	case <-ctx.Done():
 	case <-pt.feed.revoked:
+	case <-taskFailed:
+		taskErr = pt.task.t.Err()
 	case res := <-results:
 		running--
 		first = &res
@@ -282,9 +297,12 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 	// resolve, advance what resolved, commit, abandon the rest to redelivery.
 	// Failure: the same without the wait.
 	prod.stopFetching()
-	if first == nil {
+	switch {
+	case taskErr != nil:
+		// The caches were dropped: nothing more may be committed.
+	case first == nil:
 		prod.waitDrained(w.drainBudget())
-	} else {
+	default:
 		// The failing agent's open window and queued records fail with its
 		// error (never acked); the others' unresolved records are abandoned.
 		first.sub.Unsubscribe(first.err)
@@ -304,8 +322,37 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 	if err := pt.inflight.Wait(fctx); err != nil {
 		w.log.Warn("records still in flight when the partition stopped", "topic", pt.topic, "partition", pt.p, "err", err)
 	}
+	if pt.task != nil {
+		// The final cycle: flush what the drained records wrote, commit
+		// their offsets and apply them, before the partition is given up.
+		// It cuts only if every fetched record resolved; otherwise (and
+		// after a failure) the task is abandoned: the writes since the last
+		// cycle are dropped and the records are processed again from its
+		// commit point (by the next owner, or here after the restart).
+		var err error
+		switch {
+		case taskErr != nil:
+			err = taskErr
+		case first != nil:
+			err = first.err
+		default:
+			_, err = pt.task.t.Cycle(fctx, w.drainBudget())
+		}
+		if err != nil {
+			if first == nil && taskErr == nil {
+				w.log.Warn("final commit cycle did not complete; the partition's uncommitted records will be processed again", "topic", pt.topic, "partition", pt.p, "err", err)
+			}
+			pt.task.abandon(fmt.Errorf("%s stopped: %w", pt.key, err))
+		}
+	}
 	cancelFlush()
 	pt.sess.Commit()
+	if taskErr != nil {
+		if ctx.Err() != nil {
+			return nil, false
+		}
+		return taskErr, true
+	}
 	if first == nil {
 		return nil, false
 	}
@@ -444,6 +491,16 @@ type claimProducer struct {
 	marked int64             // last offset marked, -1 none; guarded by mu
 	halted bool              // draining is pointless (failure on stop, budget over); guarded by mu
 	closed bool              // guarded by mu
+
+	// Commit cycles (internal/task): with tables (capped), the marked offset
+	// never passes flushed, the commit point of the last cycle whose
+	// changelog records the broker acknowledged. nextFetch is the offset after
+	// the last record handed to the agents; paused holds the poll loop while
+	// a cycle is cut.
+	capped    bool  // set before Open
+	flushed   int64 // guarded by mu
+	nextFetch int64 // guarded by mu
+	paused    bool  // guarded by mu
 }
 
 func newClaimProducer(pt *partition, from int64) *claimProducer {
@@ -452,7 +509,8 @@ func newClaimProducer(pt *partition, from int64) *claimProducer {
 		start = pt.feed.claim.InitialOffset()
 	}
 	c := &claimProducer{pt: pt, from: from, ready: make(chan struct{}), stop: make(chan struct{}),
-		rewindCh: make(chan struct{}, 1), wm: source.NewWatermark(start), rewind: -1, marked: -1}
+		rewindCh: make(chan struct{}, 1), wm: source.NewWatermark(start), rewind: -1, marked: -1,
+		flushed: start, nextFetch: start}
 	c.cond = sync.NewCond(&c.mu)
 	return c
 }
@@ -552,11 +610,15 @@ func (c *claimProducer) Open(ctx context.Context, emit func(*source.Record, any)
 				return fmt.Errorf("partition consumer of %s closed", pt.key)
 			}
 			c.mu.Lock()
+			for c.paused && c.rewind < 0 && !c.closed && !c.stopped() {
+				c.cond.Wait() // a cycle is being cut
+			}
 			if c.rewind >= 0 {
 				c.mu.Unlock()
 				continue // fetched before the seek back: discarded
 			}
 			c.wm.Fetched(m.Offset)
+			c.nextFetch = m.Offset + 1
 			pl := payload{offset: m.Offset, epoch: c.epoch}
 			c.mu.Unlock()
 			rec := &source.Record{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Timestamp: m.Timestamp}
@@ -635,6 +697,9 @@ func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem)
 	defer func() {
 		c.mu.Lock()
 		next := c.wm.Next()
+		if c.capped {
+			next = min(next, c.flushed)
+		}
 		mark := next > c.marked && next >= 0
 		if mark {
 			c.marked = next
@@ -646,6 +711,7 @@ func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem)
 			pt.sess.MarkOffset(pt.topic, pt.p, next, "")
 		}
 		if resolved > 0 {
+			pt.w.processed.Add(int64(resolved))
 			pt.w.metrics.committed.WithLabelValues(pt.topic).Add(float64(resolved))
 		}
 	}()
@@ -700,6 +766,83 @@ func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem)
 	return nil
 }
 
+func (c *claimProducer) stopped() bool {
+	select {
+	case <-c.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// Topic implements task.Source.
+func (c *claimProducer) Topic() string { return c.pt.topic }
+
+// Partition implements task.Source.
+func (c *claimProducer) Partition() int32 { return c.pt.p }
+
+// Pause implements task.Source: the poll loop hands out no record until
+// Resume, and the cycle's commit point is the offset after the last record
+// handed out.
+func (c *claimProducer) Pause() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.paused = true
+	return c.nextFetch
+}
+
+// Resume implements task.Source.
+func (c *claimProducer) Resume() {
+	c.mu.Lock()
+	c.paused = false
+	c.cond.Broadcast()
+	c.mu.Unlock()
+}
+
+// AwaitResolved implements task.Source: it waits until every record below
+// boundary is resolved (every agent pulled past it and its sink records were
+// acknowledged), or fails when the source failed a record, stopped without
+// draining, or ctx ended.
+func (c *claimProducer) AwaitResolved(ctx context.Context, boundary int64) error {
+	stop := context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	})
+	defer stop()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for c.wm.Next() < boundary {
+		switch {
+		case ctx.Err() != nil:
+			return fmt.Errorf("%s: records below %d unresolved: %w", c.pt.key, boundary, ctx.Err())
+		case c.rewind >= 0:
+			return fmt.Errorf("%s: a record below %d failed", c.pt.key, boundary)
+		case c.halted || c.closed:
+			return fmt.Errorf("%s: source stopped with records below %d unresolved", c.pt.key, boundary)
+		}
+		c.cond.Wait()
+	}
+	return nil
+}
+
+// Committable implements task.Source: the cycle ending at boundary is
+// acknowledged, so offsets up to boundary may be committed; it marks what
+// resolved up to there.
+func (c *claimProducer) Committable(boundary int64) {
+	c.mu.Lock()
+	c.flushed = max(c.flushed, boundary)
+	next := min(c.wm.Next(), c.flushed)
+	mark := next > c.marked && next >= 0
+	if mark {
+		c.marked = next
+	}
+	c.mu.Unlock()
+	if mark {
+		c.pt.sess.MarkOffset(c.pt.topic, c.pt.p, next, "")
+	}
+}
+
 // seekBack starts a new epoch at offset: later items of the current batch and
 // every record fetched before are ignored, and the poll loop reads again from
 // offset (unless fetching stopped).
@@ -708,6 +851,7 @@ func (c *claimProducer) seekBack(offset int64) {
 	c.epoch++
 	c.rewind = offset
 	c.wm.Reset(offset)
+	c.nextFetch = offset
 	c.cond.Broadcast()
 	c.mu.Unlock()
 	select {

@@ -173,8 +173,11 @@ func TestCleanStopThenCompactionKeepsStore(t *testing.T) {
 	for _, w := range once {
 		first = append(first, kv{w, "x"})
 	}
-	first = append(append(first, round()...), round()...)
+	// Two runs, so two commit cycles and two changelog batches per
+	// partition: a cycle writes one record per key.
+	first = append(first, round()...)
 	runWorker(t, brokers, c, dirA, first...)
+	runWorker(t, brokers, c, dirA, round()...)
 	wantMarksBelowCommitted(t, brokers, dirA, id, c.words.Name())
 	cpA := checkpoints(t, dirA)
 

@@ -59,6 +59,7 @@ type Worker struct {
 	metrics  *metrics
 
 	parts *tableParts // table partition lifecycles (restores, standby followers)
+	tasks taskSet     // commit cycles of the active partitions (tasks.go)
 	glob  globals     // global-table replicas (global.go)
 
 	mu         sync.Mutex
@@ -66,6 +67,7 @@ type Worker struct {
 	ready      bool                              // every active partition restored; guarded by mu
 	claims     map[restoreKey]context.CancelFunc // running claims (topic, partition); guarded by mu
 
+	processed    atomic.Int64 // source records resolved (Advance)
 	restored     atomic.Int64 // changelog records replayed by active restores
 	restoredSpan atomic.Int64 // changelog offsets covered by active restores
 	fatal        fatalState   // agent.StopWorker errors end Run (redeliver.go)
@@ -97,6 +99,7 @@ func (a *App) NewWorker(o WorkerOptions) (*Worker, error) {
 		cfg.DataDir = o.DataDir
 	}
 	w := &Worker{app: a, cfg: cfg, opts: o, graph: g}
+	w.tasks.w = w
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
@@ -127,6 +130,11 @@ func processID(dir string) (string, error) {
 	}
 	return id, nil
 }
+
+// Processed returns how many source records every subscribed agent moved
+// past (resolved: acked, rejected or dead-lettered) on this worker; their
+// offsets are committed by the next commit cycle.
+func (w *Worker) Processed() int64 { return w.processed.Load() }
 
 // Restored returns how many changelog records this worker's active restores
 // replayed so far.
@@ -281,12 +289,29 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		}
 		return w.producer.Send(m, func(_ int32, off int64, err error) { done(off, err) })
 	}
-	consumer, err := sarama.NewConsumerFromClient(w.client)
+	// Restores and standby followers get clients of their own as well: one
+	// for offset lookups and one for their fetches, so that neither waits
+	// behind the group consumer's fetch long-polls (up to the fetch max wait
+	// each) nor behind each other's.
+	offClient, err := sarama.NewClient(brokers, sc)
+	if err != nil {
+		return fmt.Errorf("restore client: %w", err)
+	}
+	closers = append(closers, offClient.Close)
+	rc := *sc
+	rc.Consumer.MaxWaitTime = min(sc.Consumer.MaxWaitTime, 100*time.Millisecond)
+	rc.Consumer.Fetch.Default = 4 << 20 // changelog records are small and many
+	restoreClient, err := sarama.NewClient(brokers, &rc)
+	if err != nil {
+		return fmt.Errorf("restore client: %w", err)
+	}
+	closers = append(closers, restoreClient.Close)
+	consumer, err := sarama.NewConsumerFromClient(restoreClient)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}
 	closers = append(closers, consumer.Close)
-	w.restorer = &changelog.Restorer{Client: w.client, Consumer: consumer, Logger: w.log}
+	w.restorer = &changelog.Restorer{Client: offClient, Consumer: consumer, Logger: w.log}
 
 	for _, tt := range w.graph.Tables {
 		var def table.Def
@@ -306,6 +331,9 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		}
 		closers = append(closers, st.Close)
 		rt := &tableRuntime{def: def, parts: tt.Partitions, store: st, state: table.NewState(def, tt.Partitions, st, sendChangelog)}
+		nparts := tt.Partitions
+		rt.state.CacheBytes = w.cfg.CacheBytes
+		rt.state.OnFull = func(p int32) { w.tasks.wake(taskKey{nparts, p}) }
 		w.tables = append(w.tables, rt)
 	}
 	w.parts = newTableParts(w, ctx)
@@ -623,7 +651,7 @@ func (tp *tableParts) acquire(ctx context.Context, k restoreKey) error {
 		w.log.Info("restored", "table", k.table, "partition", k.p, "records", res.Records,
 			"from", res.From, "to", res.To, "rebuilt", res.Rebuilt, "elapsed", res.Elapsed)
 		if g.err = w.activatePartition(t, k.p); g.err == nil {
-			t.state.SetActive(k.p, true)
+			g.err = t.state.SetActive(k.p, true)
 		}
 	})
 	select {
@@ -646,7 +674,7 @@ func (tp *tableParts) release(keys []restoreKey) {
 		}
 		p.claims = 0
 		if t := tp.w.tableByName(k.table); t != nil {
-			t.state.SetActive(k.p, false)
+			_ = t.state.SetActive(k.p, false) // deactivation cannot fail
 			tp.w.deactivatePartition(t, k.p)
 		}
 		p.gate = nil

@@ -326,15 +326,29 @@ type ChangelogSendFunc func(topic string, p int32, key, value []byte, headers []
 // tombstone) and reports the broker's answer to done.
 type SendFunc func(topic string, p int32, key, value []byte, done func(offset int64, err error)) error
 
+// DefaultCacheBytes is the size of one table partition's write cache (keys
+// and values of the current cycle's writes, plus 64 bytes per entry) at which
+// the partition asks its task for an early commit cycle (Kafka Streams'
+// statestore.cache.max.bytes, per partition here). The cache keeps taking
+// writes until the cycle cuts it.
+const DefaultCacheBytes = 4 << 20
+
 // State is a table's runtime on one worker: its store, the changelog producer,
-// and the writes not yet acknowledged by the broker.
+// and per active partition the write cache of the current commit cycle.
 //
-// Invariant (kept by write and its delivery callback): the store holds exactly
-// the changelog's records up to the store's checkpoint offset, nothing else. A
-// local write lives in the overlay until the broker acknowledged its changelog
-// record; only then is it applied to the store, together with its offset. So
-// after a crash the store is a prefix of the changelog and restore only replays
-// the tail; an unacknowledged write is never in the store.
+// Commit cycles (docs/tables.md): a write goes to the partition's cache (one
+// entry per key; reads see it at once). The partition's task ends a cycle by
+// cutting the cache (Cut) at a point where every source record before the
+// cycle's commit point was processed and none after it was, sending one
+// changelog record per key (Flush.Send), waiting for the broker's acks
+// (Flush.Wait), committing the source offsets, and applying the cycle to the
+// store in one batch with the changelog checkpoint and the marks
+// (Flush.Apply).
+//
+// Invariant (kept by Cut and Flush.Apply): the store holds exactly the
+// changelog's records up to its checkpoint; a write is in the store only once
+// its changelog record was acknowledged. Reads see the cache, then the cycle
+// being flushed, then the store.
 type State struct {
 	name, topic string
 	partitions  int32
@@ -343,32 +357,35 @@ type State struct {
 
 	rmw partitionLocks // Update's read-modify-write, per partition
 
-	mu      sync.Mutex
-	seq     uint64                         // guarded by mu
-	overlay map[int32]map[string]overlayed // newest unacknowledged write per key; guarded by mu
-	active  map[int32]bool                 // partitions this worker may write; guarded by mu
-	epoch   map[int32]uint64               // bumped on every activation change of a partition; guarded by mu
+	// CacheBytes overrides DefaultCacheBytes (set before the worker starts).
+	CacheBytes int
+	// OnFull, if set, is called (without locks held) when partition p's cache
+	// reached CacheBytes; the worker asks p's task for a cycle.
+	OnFull func(p int32)
 
-	// markMu serializes the application of acknowledged writes, so that a
-	// mark read from marks is the one in the store when the batch raising it
-	// is applied. marks caches the store's source-offset marks per partition
-	// (loaded on the first acknowledged write, dropped by SetActive, since
-	// restores and standby follows change them while a partition is not
-	// active); guarded by markMu.
-	markMu sync.Mutex
-	marks  map[int32]map[string]int64
+	mu    sync.Mutex
+	parts map[int32]*partState // active partitions; guarded by mu
 }
 
-type overlayed struct {
+// partState is one active partition's cycle state.
+type partState struct {
+	mu       sync.Mutex
+	epoch    int64                // writer epoch of this activation (changelog.Stamp)
+	dirty    map[string]cacheItem // the current cycle's writes; guarded by mu
+	flushing map[string]cacheItem // the cycle being flushed, nil when none; guarded by mu
+	bytes    int                  // size of dirty; guarded by mu
+	full     bool                 // OnFull called for this cycle; guarded by mu
+}
+
+type cacheItem struct {
 	value   []byte // nil for a delete
 	deleted bool
-	seq     uint64
 }
 
 // NewState creates the runtime of table d with the given store and producer.
 func NewState(d Def, partitions int32, st stores.Store, send ChangelogSendFunc) *State {
 	return &State{name: d.Name(), topic: d.Changelog(), partitions: partitions, store: st, send: send,
-		overlay: map[int32]map[string]overlayed{}, active: map[int32]bool{}, epoch: map[int32]uint64{}, marks: map[int32]map[string]int64{}}
+		parts: map[int32]*partState{}}
 }
 
 // Store returns the table's store.
@@ -376,6 +393,9 @@ func (s *State) Store() stores.Store { return s.store }
 
 // Topic returns the changelog topic.
 func (s *State) Topic() string { return s.topic }
+
+// Name returns the table's name.
+func (s *State) Name() string { return s.name }
 
 // partitionLocks serializes the read-modify-write of Update per partition.
 // The zero value is ready to use.
@@ -400,38 +420,84 @@ func (l *partitionLocks) lock(p int32) func() {
 	return m.Unlock
 }
 
-// SetActive marks partition p as owned (writable) by this worker or not.
-func (s *State) SetActive(p int32, active bool) {
-	s.markMu.Lock()
-	delete(s.marks, p)
-	s.markMu.Unlock()
+// SetActive marks partition p as owned (writable) by this worker or not. An
+// activation takes the writer epoch one above the highest the store's
+// partition applied (changelog.EpochMark, raised by the restore that precedes
+// it); a deactivation drops the cache and any cycle not applied: after the
+// release the store is brought up to date from the changelog. Errors: the
+// store's, reading the marks.
+func (s *State) SetActive(p int32, active bool) error {
+	if !active {
+		s.mu.Lock()
+		delete(s.parts, p)
+		s.mu.Unlock()
+		return nil
+	}
+	marks, err := s.store.Marks(p)
+	if err != nil {
+		return fmt.Errorf("table %s[%d]: read marks: %w", s.name, p, err)
+	}
+	ps := &partState{epoch: marks[changelog.EpochMark] + 1, dirty: map[string]cacheItem{}}
+	s.mu.Lock()
+	s.parts[p] = ps
+	s.mu.Unlock()
+	return nil
+}
+
+// Epoch returns the writer epoch of active partition p (0 when inactive).
+func (s *State) Epoch(p int32) int64 {
+	if ps := s.part(p); ps != nil {
+		return ps.epoch
+	}
+	return 0
+}
+
+func (s *State) part(p int32) *partState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.active[p] != active {
-		s.epoch[p]++
-	}
-	if active {
-		s.active[p] = true
-	} else {
-		delete(s.active, p)
-		// Writes not acknowledged yet no longer shadow the store: after the
-		// release the store is brought up to date from the changelog.
-		delete(s.overlay, p)
-	}
+	return s.parts[p]
 }
 
 func (s *State) get(p int32, key []byte) ([]byte, bool, error) {
-	s.mu.Lock()
-	if o, ok := s.overlay[p][string(key)]; ok {
-		s.mu.Unlock()
-		if o.deleted {
-			return nil, false, nil
+	if ps := s.part(p); ps != nil {
+		ps.mu.Lock()
+		it, ok := ps.dirty[string(key)]
+		if !ok {
+			it, ok = ps.flushing[string(key)]
 		}
-		return o.value, true, nil
+		ps.mu.Unlock()
+		if ok {
+			if it.deleted {
+				return nil, false, nil
+			}
+			return it.value, true, nil
+		}
 	}
-	s.mu.Unlock()
 	return s.store.Get(p, key)
 }
+
+// eachUnapplied calls fn for every write of partition p not yet in the store
+// (the cycle being flushed, then the cache over it).
+func (s *State) eachUnapplied(p int32, fn func(key string, value []byte, deleted bool)) {
+	ps := s.part(p)
+	if ps == nil {
+		return
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for k, it := range ps.flushing {
+		if _, ok := ps.dirty[k]; !ok {
+			fn(k, it.value, it.deleted)
+		}
+	}
+	for k, it := range ps.dirty {
+		fn(k, it.value, it.deleted)
+	}
+}
+
+// windowChecker is implemented by events that can tell whether their window
+// is still open (agent.Event).
+type windowChecker interface{ InWindow() bool }
 
 func (s *State) write(ev Event, key, value []byte, del bool) error {
 	return s.writeRouted(ev, key, key, value, del)
@@ -445,102 +511,216 @@ func (s *State) writeRouted(ev Event, route, key, value []byte, del bool) error 
 	if q := kafka.PartitionFor(route, s.partitions); q != p {
 		return fmt.Errorf("table %s: write of key %q from partition %d: the key belongs to partition %d: %w", s.name, key, p, q, ErrNotCoPartitioned)
 	}
-	s.mu.Lock()
-	if !s.active[p] {
-		s.mu.Unlock()
+	ps := s.part(p)
+	if ps == nil {
 		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrNotActive)
 	}
-	done, ok := ev.BindPersist()
-	if !ok {
-		s.mu.Unlock()
+	if wc, ok := ev.(windowChecker); ok && !wc.InWindow() {
 		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrOutsideWindow)
 	}
-	s.seq++
-	seq := s.seq
-	epoch := s.epoch[p]
-	m := s.overlay[p]
-	if m == nil {
-		m = map[string]overlayed{}
-		s.overlay[p] = m
-	}
+	ps.mu.Lock()
 	k := string(key)
-	m[k] = overlayed{value: value, deleted: del, seq: seq}
-	s.mu.Unlock()
-
-	kc := append([]byte(nil), key...)
-	var hs []Header
-	var src *changelog.Source
-	if o, ok := ev.(Originator); ok {
-		org := o.Origin()
-		src = &changelog.Source{Topic: org.Topic, Partition: org.Partition, Offset: org.Offset}
-		for _, h := range src.Headers() {
-			hs = append(hs, Header{Key: h[0], Value: h[1]})
-		}
+	if old, ok := ps.dirty[k]; ok {
+		ps.bytes -= len(k) + len(old.value) + 64
 	}
-	err := s.send(s.topic, p, kc, value, hs, func(offset int64, err error) {
-		s.mu.Lock()
-		// Only the activation that made the write may apply its ack: once the
-		// partition was released (or released and acquired again), the store
-		// belongs to the restore or the standby follower, which apply this
-		// record from the changelog in offset order. Applying a late ack there
-		// could put an older value, and an older checkpoint, over newer ones.
-		if err == nil && s.epoch[p] == epoch && s.active[p] {
-			b := &stores.Batch{Offset: offset}
-			if del {
-				b.Delete(kc)
-			} else {
-				b.Put(kc, value)
-			}
-			err = s.applyAcked(p, b, src)
-		}
-		if o, ok := s.overlay[p][k]; ok && o.seq == seq {
-			delete(s.overlay[p], k)
-		}
-		s.mu.Unlock()
-		done(err)
-	})
-	if err != nil {
-		s.mu.Lock()
-		if o, ok := s.overlay[p][k]; ok && o.seq == seq {
-			delete(s.overlay[p], k)
-		}
-		s.mu.Unlock()
-		done(err)
-		return fmt.Errorf("table %s[%d]: send changelog record: %w", s.name, p, err)
+	ps.dirty[k] = cacheItem{value: value, deleted: del}
+	ps.bytes += len(k) + len(value) + 64
+	limit := s.CacheBytes
+	if limit <= 0 {
+		limit = DefaultCacheBytes
+	}
+	notify := ps.bytes >= limit && !ps.full
+	if notify {
+		ps.full = true
+	}
+	ps.mu.Unlock()
+	if notify && s.OnFull != nil {
+		s.OnFull(p)
 	}
 	return nil
 }
 
-// applyAcked applies the batch of an acknowledged changelog write to the
-// store. When the write has a source record (src non-nil) and its offset is
-// above the partition's mark for that source partition, the same batch raises
-// the mark (changelog.Source.MarkKey), so the store records, atomically with
-// the data, the highest source offset whose effect it holds. A restore
-// compares the marks with the group's committed offsets to find a store that
-// holds effects of records that will be processed again (docs/tables.md).
-func (s *State) applyAcked(p int32, b *stores.Batch, src *changelog.Source) error {
-	if src == nil {
-		return s.store.Apply(p, b)
+// Drop discards partition p's cache (the writes of the current cycle), as a
+// failed record's task does before it resumes from its last cycle.
+func (s *State) Drop(p int32) {
+	if ps := s.part(p); ps != nil {
+		ps.mu.Lock()
+		ps.dirty = map[string]cacheItem{}
+		ps.bytes, ps.full = 0, false
+		ps.mu.Unlock()
 	}
-	s.markMu.Lock()
-	defer s.markMu.Unlock()
-	m := s.marks[p]
-	if m == nil {
-		var err error
-		if m, err = s.store.Marks(p); err != nil {
-			return fmt.Errorf("table %s[%d]: read marks: %w", s.name, p, err)
+}
+
+// Flush is one cut commit cycle of one table partition: its writes, sent as
+// changelog records and then applied to the store.
+type Flush struct {
+	s     *State
+	p     int32
+	ps    *partState
+	keys  []string
+	items []cacheItem
+
+	mu      sync.Mutex
+	pending int           // records not answered; guarded by mu
+	last    int64         // highest acknowledged offset; guarded by mu
+	err     error         // first send or broker error; guarded by mu
+	done    chan struct{} // closed when pending reaches 0 after Send
+	sources []changelog.Source
+}
+
+// Cut ends partition p's current cycle: its cache becomes the cycle being
+// flushed (still read through) and a new cache starts. It returns nil when p
+// is not active or nothing was written. The caller (the task) runs one cycle
+// of a partition at a time: Cut again only after the last Flush was applied
+// or dropped.
+func (s *State) Cut(p int32) *Flush {
+	ps := s.part(p)
+	if ps == nil {
+		return nil
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if len(ps.dirty) == 0 {
+		return nil
+	}
+	f := &Flush{s: s, p: p, ps: ps, done: make(chan struct{}), last: stores.NoOffset}
+	f.keys = make([]string, 0, len(ps.dirty))
+	f.items = make([]cacheItem, 0, len(ps.dirty))
+	for k, it := range ps.dirty {
+		f.keys = append(f.keys, k)
+		f.items = append(f.items, it)
+	}
+	ps.flushing = ps.dirty
+	ps.dirty = make(map[string]cacheItem, len(f.keys))
+	ps.bytes, ps.full = 0, false
+	return f
+}
+
+// Records returns how many changelog records the flush writes (one per key).
+func (f *Flush) Records() int { return len(f.keys) }
+
+// Send produces one changelog record per key of the cycle, stamped with the
+// partition's writer epoch, the cycle's sources (each with the last source
+// offset whose effect the cycle holds) and the key's before-image read from
+// the store (changelog.Stamp). The broker's answers are collected for Wait.
+// Errors: the store's (reading a before-image) and the producer's; records
+// already sent are still waited for.
+func (f *Flush) Send(sources []changelog.Source) error {
+	f.sources = sources
+	f.mu.Lock()
+	f.pending = len(f.keys) + 1 // +1 until every record is handed over
+	f.mu.Unlock()
+	var stampBuf []byte
+	var sendErr error
+	for i, k := range f.keys {
+		key := []byte(k)
+		before, found, err := f.s.store.Get(f.p, key)
+		if err != nil {
+			sendErr = fmt.Errorf("table %s[%d]: read before-image: %w", f.s.name, f.p, err)
+			f.answer(stores.NoOffset, sendErr, len(f.keys)-i)
+			break
 		}
-		s.marks[p] = m
+		if !found {
+			before = nil
+		} else if before == nil {
+			before = []byte{}
+		}
+		st := changelog.Stamp{Epoch: f.ps.epoch, Sources: sources, HasBefore: true, Before: before}
+		stampBuf = st.Append(stampBuf[:0])
+		hs := []Header{{Key: []byte(changelog.HeaderStamp), Value: append([]byte(nil), stampBuf...)}}
+		it := f.items[i]
+		var value []byte
+		if !it.deleted {
+			value = it.value
+			if value == nil {
+				value = []byte{}
+			}
+		}
+		if err := f.s.send(f.s.topic, f.p, key, value, hs, f.answer1); err != nil {
+			sendErr = fmt.Errorf("table %s[%d]: send changelog record: %w", f.s.name, f.p, err)
+			f.answer(stores.NoOffset, sendErr, len(f.keys)-i)
+			break
+		}
 	}
-	k := src.MarkKey()
-	cur, ok := m[k]
-	if ok && src.Offset <= cur {
-		return s.store.Apply(p, b)
+	f.answer(stores.NoOffset, nil, 1)
+	return sendErr
+}
+
+func (f *Flush) answer1(offset int64, err error) { f.answer(offset, err, 1) }
+
+func (f *Flush) answer(offset int64, err error, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err != nil && f.err == nil {
+		f.err = err
 	}
-	b.Mark(k, src.Offset)
-	if err := s.store.Apply(p, b); err != nil {
-		return err
+	f.last = max(f.last, offset)
+	f.pending -= n
+	if f.pending == 0 {
+		close(f.done)
 	}
-	m[k] = src.Offset
+}
+
+// Wait returns when the broker answered every record of the flush: nil when
+// it acknowledged all of them, else the first error (with the table and
+// partition), or ctx's error.
+func (f *Flush) Wait(ctx context.Context) error {
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		return fmt.Errorf("table %s[%d]: waiting for %d changelog acks: %w", f.s.name, f.p, f.pendingCount(), ctx.Err())
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return fmt.Errorf("table %s[%d]: changelog write: %w", f.s.name, f.p, f.err)
+	}
 	return nil
+}
+
+func (f *Flush) pendingCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pending
+}
+
+// Apply writes the acknowledged cycle to the store in one batch: the data,
+// the checkpoint (the highest acknowledged offset), the source marks (the
+// cycle's sources) and the epoch mark; then the cycle stops being read
+// through. Call it only after Wait returned nil. A partition released in the
+// meantime is not written (its store belongs to the restore or the standby
+// follower now).
+func (f *Flush) Apply() error {
+	f.s.mu.Lock()
+	current := f.s.parts[f.p] == f.ps
+	f.s.mu.Unlock()
+	if !current {
+		return nil
+	}
+	b := &stores.Batch{Offset: f.last, Ops: make([]stores.Op, 0, len(f.keys))}
+	for i, k := range f.keys {
+		if f.items[i].deleted {
+			b.Delete([]byte(k))
+		} else {
+			b.Put([]byte(k), f.items[i].value)
+		}
+	}
+	for _, src := range f.sources {
+		b.Mark(src.MarkKey(), src.Offset)
+	}
+	b.Mark(changelog.EpochMark, f.ps.epoch)
+	err := f.s.store.Apply(f.p, b)
+	if err != nil {
+		err = fmt.Errorf("table %s[%d]: apply cycle: %w", f.s.name, f.p, err)
+	}
+	f.Drop()
+	return err
+}
+
+// Drop stops reading the cycle through (after Apply, or when the cycle is
+// abandoned: the task reverts to its last applied cycle).
+func (f *Flush) Drop() {
+	f.ps.mu.Lock()
+	f.ps.flushing = nil
+	f.ps.mu.Unlock()
 }

@@ -195,15 +195,13 @@ func (wp *windowPart) rebuild(w windowParams, s *State, p int32) error {
 	}); err != nil {
 		return fmt.Errorf("table %s[%d]: rebuild window index: %w", w.name, p, err)
 	}
-	s.mu.Lock()
-	for k, o := range s.overlay[p] {
-		if o.deleted {
+	s.eachUnapplied(p, func(k string, value []byte, deleted bool) {
+		if deleted {
 			delete(rows, k)
 		} else {
-			rows[k] = o.value
+			rows[k] = value
 		}
-	}
-	s.mu.Unlock()
+	})
 	wp.st, wp.closedUpTo = none, none
 	wp.open, wp.retained = startIndex{}, startIndex{}
 	if b, ok := rows[string(metaKey(p))]; ok {

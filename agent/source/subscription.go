@@ -181,6 +181,18 @@ type Delivery struct {
 	i int
 }
 
+// Open reports whether d's binding window is open: the subscriber has not
+// pulled the next record and d is not resolved. It binds nothing.
+func (d *Delivery) Open() bool {
+	if d.e == nil {
+		return false
+	}
+	s := d.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.g.live.Load() && s.winD == d && d.e.binds[d.i].state == bOpen
+}
+
 // Bind binds one derived record (a sink record, a changelog record) to d's
 // window and returns its persist token: d's subscriber is not acked on the
 // record until the token is confirmed. ok is false (and the returned Token is

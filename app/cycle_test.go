@@ -1,0 +1,157 @@
+package app_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/app"
+	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/internal/testbroker"
+	"github.com/runnel-dev/runnel/stores"
+)
+
+// highwaters returns the highwater of every partition of topic.
+func highwaters(t *testing.T, client sarama.Client, topic string) map[int32]int64 {
+	t.Helper()
+	out := map[int32]int64{}
+	for p := int32(0); p < parts; p++ {
+		if err := client.RefreshMetadata(topic); err != nil {
+			t.Fatal(err)
+		}
+		hw, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[p] = hw
+	}
+	return out
+}
+
+// words returns n records over the given words, round robin, and the count
+// each word gets.
+func words(n int, ws ...string) ([]kv, map[string]int) {
+	var recs []kv
+	want := map[string]int{}
+	for i := range n {
+		w := ws[i%len(ws)]
+		recs = append(recs, kv{w, "x"})
+		want[w]++
+	}
+	return recs, want
+}
+
+// With a commit interval longer than the test, the only cycle is the final
+// one at the clean stop: the changelog gets one record per key, however many
+// updates each key had, and the counts are exact in the store and in a
+// restore from the changelog on another worker. The epoch mark is 1 (the
+// first owner), and the next activation of the partition writes with 2.
+func TestFinalCycleWritesOneRecordPerKey(t *testing.T) {
+	brokers := testbroker.Brokers(t)
+	id := testbroker.Topic(t, "app")
+	c := newCountApp(t, id, app.WithCommitInterval(time.Hour))
+	keys := append(wordPerPartition("a"), wordPerPartition("b")...)
+	recs, want := words(400, keys...)
+	dir := t.TempDir()
+	w, err := c.app.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	client := newClient(t, brokers)
+	waitTopic(t, client, c.words.Name())
+	send(t, brokers, c.words.Name(), recs...)
+	// Every record is processed (and held in the caches: no cycle yet, so no
+	// changelog record and no commit) before the stop.
+	cl := changelog.Topic(id, "counts")
+	deadline := time.Now().Add(30 * time.Second)
+	for w.Processed() < int64(len(recs)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("processed %d of %d records", w.Processed(), len(recs))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for p, hw := range highwaters(t, client, cl) {
+		if hw != 0 {
+			t.Fatalf("changelog partition %d has %d records before any cycle", p, hw)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, hw := range highwaters(t, client, cl) {
+		total += hw
+	}
+	if total != int64(len(keys)) {
+		t.Fatalf("changelog holds %d records, want one per key (%d) for %d updates", total, len(keys), len(recs))
+	}
+	wantCounts(t, storeTable(t, dir, "counts"), want)
+	if err := app.WaitForLag0(context.Background(), client, id, []string{c.words.Name()}, 10*time.Second); err != nil {
+		t.Fatalf("offsets not committed by the final cycle: %v", err)
+	}
+	wantEpochs(t, dir, 1)
+
+	// Another worker (of the same app, with a short interval) restores the
+	// same counts; a restart of it takes the partitions over with epoch 2.
+	c2 := newCountApp(t, id)
+	other := t.TempDir()
+	runWorker(t, brokers, c2, other)
+	wantCounts(t, storeTable(t, other, "counts"), want)
+	wantEpochs(t, other, 1) // restored, never written: the mark of the record read
+	recs2, _ := words(len(keys), keys...)
+	runWorker(t, brokers, c2, other, recs2...)
+	wantEpochs(t, other, 2)
+	for k := range want {
+		want[k]++
+	}
+	wantCounts(t, storeTable(t, other, "counts"), want)
+}
+
+func wantEpochs(t *testing.T, dir string, epoch int64) {
+	t.Helper()
+	st, err := stores.OpenPebble(filepath.Join(dir, "tables", "counts"), stores.PebbleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for p := int32(0); p < parts; p++ {
+		m, err := st.Marks(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m[changelog.EpochMark] != epoch {
+			t.Fatalf("partition %d: epoch mark %d, want %d (marks %v)", p, m[changelog.EpochMark], epoch, m)
+		}
+	}
+}
+
+// A cache over its size starts a cycle at once: with a commit interval
+// longer than the test, the offsets are still committed while the worker
+// runs, the changelog gets more than one record per key (several cycles),
+// and the counts read through cache, flushing cycle and store stay exact.
+func TestFullCacheStartsCycle(t *testing.T) {
+	brokers := testbroker.Brokers(t)
+	id := testbroker.Topic(t, "app")
+	c := newCountApp(t, id, app.WithCommitInterval(time.Hour), app.WithCacheBytes(1))
+	keys := wordPerPartition("k")
+	recs, want := words(300, keys...)
+	dir := t.TempDir()
+	runWorker(t, brokers, c, dir, recs...) // waits for lag 0 before it stops the worker
+	wantCounts(t, storeTable(t, dir, "counts"), want)
+	var total int64
+	for _, hw := range highwaters(t, newClient(t, brokers), changelog.Topic(id, "counts")) {
+		total += hw
+	}
+	if total <= int64(len(keys)) || total > int64(len(recs)) {
+		t.Fatalf("changelog holds %d records for %d keys and %d updates: want several cycles", total, len(keys), len(recs))
+	}
+	fresh := t.TempDir()
+	runWorker(t, brokers, c, fresh)
+	wantCounts(t, storeTable(t, fresh, "counts"), want)
+}

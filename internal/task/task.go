@@ -1,0 +1,263 @@
+// Package task runs the commit cycles of one partition on one worker: the
+// claimed source partitions that feed it (one per co-partitioned topic) and
+// the partitions of the tables they write.
+//
+// A cycle (docs/tables.md, "Commit cycles"):
+//
+//  1. Cut: every source pauses (hands out no further record) and names the
+//     cycle's commit point, the offset after the last record it handed out;
+//     the task waits until every record below each commit point is resolved
+//     (its agents pulled past it, its sink records acknowledged); then each
+//     table partition's write cache is cut, and the sources resume. Because
+//     the agents had moved past every record below the commit point and no
+//     record at or after it was handed out, the cut holds exactly the effects
+//     of the records below the commit points: that is what makes a cycle
+//     all-or-nothing with the offset commit.
+//  2. Flush: one changelog record per dirty key, stamped with the writer
+//     epoch, the cycle's sources and the key's before-image
+//     (changelog.Stamp); the task waits for the broker's acks.
+//  3. Commit: each source may now commit up to its commit point; the group's
+//     offsets are committed.
+//  4. Apply: each table partition's cycle goes to the store in one batch with
+//     the changelog checkpoint and the marks.
+//
+// At most one cycle of a task runs at a time. The store never holds a cycle
+// whose offsets were not committed first, so a crash anywhere leaves a store
+// a restore only has to bring forward (docs/tables.md lists every crash
+// point).
+package task
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/table"
+)
+
+// Source is one claimed source partition feeding a task (the worker's claim
+// producer implements it).
+type Source interface {
+	Topic() string
+	Partition() int32
+	// Pause stops handing out records until Resume and returns the commit
+	// point: the offset after the last record handed out.
+	Pause() int64
+	// Resume undoes Pause.
+	Resume()
+	// AwaitResolved returns when every record below boundary is resolved, or
+	// an error when one failed, the source stopped, or ctx ended.
+	AwaitResolved(ctx context.Context, boundary int64) error
+	// Committable lets the source commit offsets up to boundary.
+	Committable(boundary int64)
+}
+
+// Stats describes one finished cycle.
+type Stats struct {
+	// Records is how many changelog records the cycle wrote (one per dirty
+	// key and table).
+	Records int
+	// Cut is how long the sources were paused; Elapsed the whole cycle.
+	Cut, Elapsed time.Duration
+}
+
+// Task is one partition's commit cycles. Add and Remove the sources as claims
+// start and end; Cycle runs one cycle.
+type Task struct {
+	// Partition is the source and table partition.
+	Partition int32
+	// Tables are the states of the tables written in this partition.
+	Tables []*table.State
+	// Commit commits the group's marked offsets (synchronously); it is
+	// called between the flush and the apply of a cycle that wrote records.
+	Commit func()
+
+	// cycle holds the one token of running a cycle (a channel, so that a
+	// wait for it can end with a context).
+	cycle   chan struct{}
+	once    sync.Once
+	mu      sync.Mutex
+	sources []Source // guarded by mu
+	broken  error    // set by Abandon: no cycle runs again; guarded by mu
+}
+
+func (t *Task) init() {
+	t.once.Do(func() {
+		t.cycle = make(chan struct{}, 1)
+	})
+}
+
+// lock takes the cycle token, or returns ctx's error.
+func (t *Task) lock(ctx context.Context) error {
+	t.init()
+	select {
+	case t.cycle <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (t *Task) unlock() { <-t.cycle }
+
+// Abandon ends the task's cycles: the table caches (the effects of records
+// processed since the last cycle) are dropped and every later Cycle fails
+// with an error wrapping ErrAbandoned and err. A source that stops without a
+// final cycle that covered it must abandon its task: the caches then hold
+// effects of its records that no cycle will commit, and flushing them with
+// another source's cycle would apply them twice once the records are
+// processed again.
+func (t *Task) Abandon(err error) {
+	t.mu.Lock()
+	if t.broken == nil {
+		t.broken = fmt.Errorf("%w: %w", ErrAbandoned, err)
+	}
+	t.mu.Unlock()
+	t.drop()
+}
+
+// Err returns the error the task was abandoned with, nil while it runs.
+func (t *Task) Err() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.broken
+}
+
+// Add adds a source (a claim of a co-partitioned topic started).
+func (t *Task) Add(s Source) {
+	t.mu.Lock()
+	t.sources = append(t.sources, s)
+	t.mu.Unlock()
+}
+
+// Remove removes a source; it waits for a cycle in progress.
+func (t *Task) Remove(s Source) {
+	_ = t.lock(context.Background())
+	defer t.unlock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, x := range t.sources {
+		if x == s {
+			t.sources = append(t.sources[:i], t.sources[i+1:]...)
+			return
+		}
+	}
+}
+
+// Sources returns how many sources feed the task.
+func (t *Task) Sources() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.sources)
+}
+
+// ErrAbandoned wraps the error of a cycle that could not finish: its writes
+// were dropped and its offsets not committed, so the records below its
+// commit point will be processed again (by this worker after a restart of
+// the partition, or by the next owner).
+var ErrAbandoned = errors.New("commit cycle abandoned")
+
+// Cycle runs one commit cycle (see the package doc). cut bounds the wait for
+// the records below the commit points to resolve; ctx bounds the whole cycle,
+// the wait for a cycle in progress included.
+//
+// A failure to cut (a record failed, the source stopped, the cut budget
+// passed) changes nothing: the writes stay in the caches for a later cycle.
+// A failure to flush (a changelog write failed, or ctx ended while waiting
+// for acks) abandons the task (Abandon): nothing is committed or applied,
+// and the error wraps ErrAbandoned. The partition must then stop and restart
+// from its committed offsets: the caches no longer hold the effects of the
+// records processed since the last cycle.
+func (t *Task) Cycle(ctx context.Context, cut time.Duration) (Stats, error) {
+	if err := t.lock(ctx); err != nil {
+		return Stats{}, fmt.Errorf("waiting for the cycle in progress: %w", err)
+	}
+	defer t.unlock()
+	if err := t.Err(); err != nil {
+		return Stats{}, err
+	}
+	start := time.Now()
+	var st Stats
+	t.mu.Lock()
+	srcs := append([]Source(nil), t.sources...)
+	t.mu.Unlock()
+
+	bounds := make([]int64, len(srcs))
+	for i, s := range srcs {
+		bounds[i] = s.Pause()
+	}
+	resume := func() {
+		for _, s := range srcs {
+			s.Resume()
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, cut)
+	defer cancel()
+	for i, s := range srcs {
+		if err := s.AwaitResolved(cctx, bounds[i]); err != nil {
+			resume()
+			return st, fmt.Errorf("cut: %w", err)
+		}
+	}
+	var flushes []*table.Flush
+	for _, tb := range t.Tables {
+		if f := tb.Cut(t.Partition); f != nil {
+			flushes = append(flushes, f)
+		}
+	}
+	resume()
+	st.Cut = time.Since(start)
+	if len(flushes) == 0 {
+		for i, s := range srcs {
+			s.Committable(bounds[i])
+		}
+		st.Elapsed = time.Since(start)
+		return st, nil
+	}
+	sources := make([]changelog.Source, len(srcs))
+	for i, s := range srcs {
+		sources[i] = changelog.Source{Topic: s.Topic(), Partition: s.Partition(), Offset: bounds[i] - 1}
+	}
+	var err error
+	for _, f := range flushes {
+		st.Records += f.Records()
+		if err = f.Send(sources); err != nil {
+			break
+		}
+	}
+	for _, f := range flushes {
+		if werr := f.Wait(ctx); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	if err != nil {
+		for _, f := range flushes {
+			f.Drop()
+		}
+		t.Abandon(fmt.Errorf("flush: %w", err))
+		return st, t.Err()
+	}
+	for i, s := range srcs {
+		s.Committable(bounds[i])
+	}
+	if t.Commit != nil {
+		t.Commit()
+	}
+	for _, f := range flushes {
+		if aerr := f.Apply(); aerr != nil && err == nil {
+			err = aerr
+		}
+	}
+	st.Elapsed = time.Since(start)
+	return st, err
+}
+
+// drop discards the tables' caches of the partition.
+func (t *Task) drop() {
+	for _, tb := range t.Tables {
+		tb.Drop(t.Partition)
+	}
+}
