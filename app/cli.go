@@ -108,7 +108,7 @@ func (a *App) Command() *cobra.Command {
 	dev.Flags().StringVar(&do.Input, "input", "", "JSONL file (.gz allowed) to produce before the workers start")
 	dev.Flags().StringVar(&do.InputTopic, "topic", "", "topic --input goes to (default: the app's dev input topic)")
 	dev.Flags().StringVar(&do.KeyField, "key-field", "", "JSON string field of each line used as the record key")
-	dev.Flags().StringVar(&do.Dump, "dump", "", "print only this table")
+	dev.Flags().StringVar(&do.Dump, "dump", "", "print only this table (all: every table, whole)")
 	dev.Flags().BoolVar(&do.JSONOut, "json", false, "with --dump: print the table as one JSON object")
 	dev.Flags().IntVar(&do.Top, "top", 10, "entries of each table to print")
 	dev.Flags().BoolVar(&noProgress, "no-progress", false, "do not draw the loading progress bar (it is drawn only on a terminal)")

@@ -31,7 +31,9 @@ type DevOptions struct {
 	// InputTopic and KeyField say where Input goes and which string field of
 	// each line is the record key; defaults from WithDevInput.
 	InputTopic, KeyField string
-	// Dump prints only this table (as JSON with JSONOut) instead of the top of each.
+	// Dump prints only this table (as JSON with JSONOut) instead of the top of
+	// each; "all" prints every table whole (with JSONOut one object:
+	// table name -> key -> value).
 	Dump    string
 	JSONOut bool
 	// Top is how many entries of each table the report shows; default 10.
@@ -74,7 +76,7 @@ func (a *App) Dev(ctx context.Context, o DevOptions) error {
 	if o.Out == nil {
 		o.Out = os.Stdout
 	}
-	if o.Dump != "" && a.tableDef(o.Dump) == nil {
+	if o.Dump != "" && o.Dump != "all" && a.tableDef(o.Dump) == nil {
 		return fmt.Errorf("--dump %s: no such table (tables: %s)", o.Dump, strings.Join(a.tableNames(), ", "))
 	}
 	if o.DataDir == "" {
@@ -101,6 +103,17 @@ func (a *App) Dev(ctx context.Context, o DevOptions) error {
 		return err
 	}
 	tables := res.Tables
+	if o.Dump == "all" {
+		if o.JSONOut {
+			return json.NewEncoder(o.Out).Encode(tables)
+		}
+		for _, d := range a.tables {
+			if err := writeTable(o.Out, d.Name(), tables[d.Name()], false, 0); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if o.Dump != "" {
 		return writeTable(o.Out, o.Dump, tables[o.Dump], o.JSONOut, 0)
 	}
@@ -194,7 +207,7 @@ func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (*Res
 		out.Restored = append(out.Restored, w.RestoredSpan())
 	}
 	for _, d := range a.tables {
-		if o.Dump != "" && d.Name() != o.Dump {
+		if o.Dump != "" && o.Dump != "all" && d.Name() != o.Dump {
 			continue
 		}
 		m, err := ReadTable(ctx, client, d)
