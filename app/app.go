@@ -52,7 +52,13 @@ type Config struct {
 	// derived records were not acknowledged, within this time; default 300 s.
 	AckTimeout time.Duration
 	// Session, Heartbeat, Rebalance: consumer-group timeouts; defaults 10 s,
-	// 3 s, 60 s (Sarama's). FetchMaxWait: default 500 ms.
+	// 250 ms, 60 s. A member learns of a rebalance from its next heartbeat's
+	// answer, so the heartbeat interval bounds how long a clean hand-over
+	// waits for the survivors (Sarama's and Kafka's default is 3 s; a
+	// heartbeat is one small request). FetchMaxWait: how long a fetch waits
+	// for data when there is none; default 100 ms (Kafka's fetch.max.wait.ms
+	// is 500 ms): a partition consumer closed on a revoke waits for the
+	// fetch in flight, and an idle fetch every 100 ms costs little.
 	Session, Heartbeat, Rebalance, FetchMaxWait time.Duration
 	// Logger receives the app's logs; default slog on stderr.
 	Logger *slog.Logger
@@ -65,6 +71,12 @@ type Config struct {
 	topicPrefix           string
 	eager                 bool // WithRebalanceProtocol(eager)
 }
+
+// Defaults of Config.Heartbeat and Config.FetchMaxWait.
+const (
+	DefaultHeartbeat    = 250 * time.Millisecond
+	DefaultFetchMaxWait = 100 * time.Millisecond
+)
 
 // Option configures an App.
 type Option func(*Config)
@@ -92,7 +104,13 @@ func WithLogger(l *slog.Logger) Option { return func(c *Config) { c.Logger = l }
 // timeouts and the fetch max wait (zero keeps a default).
 func WithGroupTimeouts(session, heartbeat, rebalance, fetchMaxWait time.Duration) Option {
 	return func(c *Config) {
-		c.Session, c.Heartbeat, c.Rebalance, c.FetchMaxWait = session, heartbeat, rebalance, fetchMaxWait
+		c.Session, c.Rebalance = session, rebalance
+		if heartbeat > 0 {
+			c.Heartbeat = heartbeat
+		}
+		if fetchMaxWait > 0 {
+			c.FetchMaxWait = fetchMaxWait
+		}
 	}
 }
 
@@ -107,7 +125,7 @@ func WithTopicPrefix(p string) Option { return func(c *Config) { c.topicPrefix =
 // New declares an app. id names the consumer group and prefixes changelog topics.
 func New(id string, opts ...Option) *App {
 	c := Config{Brokers: []string{"localhost:9092"}, DataDir: "./var", CommitInterval: 2800 * time.Millisecond,
-		Replicas: 1, AckTimeout: 300 * time.Second}
+		Replicas: 1, AckTimeout: 300 * time.Second, Heartbeat: DefaultHeartbeat, FetchMaxWait: DefaultFetchMaxWait}
 	for _, o := range opts {
 		o(&c)
 	}

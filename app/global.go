@@ -211,11 +211,11 @@ func (w *Worker) globalsCatchUp(ctx context.Context, parts, p int32) error {
 			continue
 		}
 		topic := g.state.Topic()
-		end, err := w.client.GetOffset(topic, p, sarama.OffsetNewest)
+		end, err := w.meta.GetOffset(topic, p, sarama.OffsetNewest)
 		if err != nil {
 			return fmt.Errorf("global table %s[%d]: highwater: %w", g.def.Name(), p, err)
 		}
-		oldest, err := w.client.GetOffset(topic, p, sarama.OffsetOldest)
+		oldest, err := w.meta.GetOffset(topic, p, sarama.OffsetOldest)
 		if err != nil {
 			return fmt.Errorf("global table %s[%d]: log start offset: %w", g.def.Name(), p, err)
 		}

@@ -39,9 +39,9 @@ func (w *Worker) committedOffsets() (map[string]map[int32]int64, error) {
 		return out, nil
 	}
 	w.adminOnce.Do(func() {
-		// An admin built from the worker's client shares it; it is never closed
-		// (closing it would close the client).
-		w.admin, w.adminErr = sarama.NewClusterAdminFromClient(w.client)
+		// An admin built from the worker's metadata client shares it; it is
+		// never closed (closing it would close the client).
+		w.admin, w.adminErr = sarama.NewClusterAdminFromClient(w.meta)
 	})
 	if w.adminErr != nil {
 		return nil, fmt.Errorf("committed offsets: %w", w.adminErr)

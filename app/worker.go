@@ -49,7 +49,8 @@ type Worker struct {
 	log    *slog.Logger
 	procID string
 
-	client   sarama.Client
+	client   sarama.Client // the group consumer's (fetch long-polls)
+	meta     sarama.Client // offset lookups, committed offsets: never behind a fetch
 	producer *kafka.Producer
 	restorer *changelog.Restorer
 	strategy *assignor.Strategy
@@ -298,6 +299,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("restore client: %w", err)
 	}
 	closers = append(closers, offClient.Close)
+	w.meta = offClient
 	rc := *sc
 	rc.Consumer.MaxWaitTime = min(sc.Consumer.MaxWaitTime, 100*time.Millisecond)
 	rc.Consumer.Fetch.Default = 4 << 20 // changelog records are small and many
@@ -465,7 +467,7 @@ func (w *Worker) endOffsets(topics map[string]int32) map[string]map[int32]int64 
 	for topic, n := range topics {
 		m := map[int32]int64{}
 		for p := int32(0); p < n; p++ {
-			if off, err := w.client.GetOffset(topic, p, sarama.OffsetNewest); err == nil {
+			if off, err := w.meta.GetOffset(topic, p, sarama.OffsetNewest); err == nil {
 				m[p] = off
 			}
 		}
