@@ -21,6 +21,7 @@ type metrics struct {
 	committed *prometheus.CounterVec
 	restored  *prometheus.CounterVec
 
+	restarts     *prometheus.CounterVec
 	cycleRecords prometheus.Counter
 	cycleSeconds prometheus.Histogram
 }
@@ -36,7 +37,9 @@ func newMetrics() *metrics {
 		Help: "Changelog records written by commit cycles (one per dirty key per cycle)."})
 	m.cycleSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "runnel_cycle_duration_seconds",
 		Help: "Duration of commit cycles that wrote records: cut, flush, commit, apply.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)})
-	m.reg.MustRegister(m.committed, m.restored, m.cycleRecords, m.cycleSeconds)
+	m.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_partition_restarts_total",
+		Help: "Partition restarts in place after a failed record (redelivery from the last commit point)."}, []string{"topic"})
+	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.cycleRecords, m.cycleSeconds)
 	return m
 }
 

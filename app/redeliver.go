@@ -205,34 +205,73 @@ type agentResult struct {
 	err error
 }
 
-// run runs the partition until a revoke (nil), a fatal agent error, or a
-// failure: then, after the redelivery backoff, it returns an error, which ends
-// the member's session. Ending the session releases every partition of this
-// member after a normal drain; the rejoin acquires them again, and the restore
-// rebuilds each table partition whose store holds effects of records past the
-// committed offset (its source-offset marks), so that the records redelivered
-// from there are not applied twice.
+// run runs the partition until a revoke (nil) or a fatal agent error. A
+// failure (a failed record, a stream that failed) restarts the partition in
+// place, after the redelivery backoff: the task drops its write caches (the
+// effects of the records since its last commit cycle; the store holds only
+// cycles), windowed tables rebuild their index from the store, and a new
+// incarnation reads from the last cycle's commit point (or, without tables,
+// from the failed record). Other partitions of the worker go on. A task fed
+// by several co-partitioned claims cannot rewind one of them alone: there the
+// failure ends the member's session, as an abandoned task does.
 func (pt *partition) run(ctx context.Context) error {
 	w := pt.w
-	prod := newClaimProducer(pt, -1) // -1: read the claim
-	if pt.task != nil {
-		prod.capped = true
-		pt.task.t.Add(prod)
-		defer pt.task.t.Remove(prod)
+	from := int64(-1) // -1: read the claim
+	for {
+		prod := newClaimProducer(pt, from)
+		if pt.task != nil {
+			prod.capped = true
+			pt.task.t.Add(prod)
+		}
+		err, again := pt.incarnation(ctx, prod)
+		shared := false
+		if pt.task != nil {
+			pt.task.t.Remove(prod)
+			shared = pt.task.t.Sources() > 0
+		}
+		if !again {
+			return err
+		}
+		from = prod.resumeOffset()
+		n := max(pt.attemptsOf(prod.failedOffset()), 1)
+		d := pt.retry.delay(n)
+		if shared {
+			w.log.Warn("partition failed; its task has other sources, so the session restarts and the partition resumes from its committed offset",
+				"topic", pt.topic, "partition", pt.p, "offset", from, "attempt", n, "in", d, "err", err)
+			pt.task.abandon(err)
+			if !sleep(d, ctx.Done(), pt.feed.revoked) {
+				return nil
+			}
+			return fmt.Errorf("%s: %w", pt.key, err)
+		}
+		w.log.Warn("partition failed; redelivering from the last commit point",
+			"topic", pt.topic, "partition", pt.p, "offset", from, "attempt", n, "in", d, "err", err)
+		w.metrics.restarts.WithLabelValues(pt.topic).Inc()
+		if !sleep(d, ctx.Done(), pt.feed.revoked) {
+			return nil
+		}
+		if pt.task != nil {
+			if err := pt.resetTask(); err != nil {
+				return fmt.Errorf("%s: %w", pt.key, err)
+			}
+		}
 	}
-	err, again := pt.incarnation(ctx, prod)
-	if !again {
-		return err
+}
+
+// resetTask reverts the partition's task to its last commit cycle for a new
+// incarnation: caches dropped, the task runnable again, the runtime state of
+// windowed tables rebuilt from the store.
+func (pt *partition) resetTask() error {
+	pt.task.t.Reset()
+	for _, st := range pt.task.t.Tables {
+		if t := pt.w.tableByName(st.Name()); t != nil {
+			pt.w.deactivatePartition(t, pt.p)
+			if err := pt.w.activatePartition(t, pt.p); err != nil {
+				return err
+			}
+		}
 	}
-	from := prod.resumeOffset()
-	n := max(pt.attemptsOf(from), 1)
-	d := pt.retry.delay(n)
-	w.log.Warn("partition failed; the session restarts and the partition resumes from its committed offset",
-		"topic", pt.topic, "partition", pt.p, "offset", from, "attempt", n, "in", d, "err", err)
-	if !sleep(d, ctx.Done(), pt.feed.revoked) {
-		return nil
-	}
-	return fmt.Errorf("%s: %w", pt.key, err)
+	return nil
 }
 
 // retryError ends a partition's incarnation so that a failed record is
@@ -329,20 +368,17 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 		// after a failure) the task is abandoned: the writes since the last
 		// cycle are dropped and the records are processed again from its
 		// commit point (by the next owner, or here after the restart).
-		var err error
 		switch {
 		case taskErr != nil:
-			err = taskErr
 		case first != nil:
-			err = first.err
+			// The failed record's partition restarts (run): drop the caches
+			// now, so that no cycle flushes effects of records after it.
+			pt.task.t.Abandon(fmt.Errorf("%s failed: %w", pt.key, first.err))
 		default:
-			_, err = pt.task.t.Cycle(fctx, w.drainBudget())
-		}
-		if err != nil {
-			if first == nil && taskErr == nil {
+			if _, err := pt.task.t.Cycle(fctx, w.drainBudget()); err != nil {
 				w.log.Warn("final commit cycle did not complete; the partition's uncommitted records will be processed again", "topic", pt.topic, "partition", pt.p, "err", err)
+				pt.task.abandon(fmt.Errorf("%s stopped: %w", pt.key, err))
 			}
-			pt.task.abandon(fmt.Errorf("%s stopped: %w", pt.key, err))
 		}
 	}
 	cancelFlush()
@@ -525,6 +561,23 @@ func (c *claimProducer) stopFetching() {
 // resumeOffset is where a next incarnation starts: the lowest unresolved
 // offset of this one (valid once the group stopped).
 func (c *claimProducer) resumeOffset() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	next := c.wm.Next()
+	if c.rewind >= 0 {
+		next = c.rewind
+	}
+	if c.capped {
+		// The task's caches, holding the effects of the records since the
+		// last cycle, were dropped: those records are processed again.
+		next = min(next, c.flushed)
+	}
+	return next
+}
+
+// failedOffset is the offset of the record that ended the incarnation (the
+// lowest unresolved one).
+func (c *claimProducer) failedOffset() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.rewind >= 0 {

@@ -119,6 +119,18 @@ func (t *Task) Abandon(err error) {
 	t.drop()
 }
 
+// Reset makes an abandoned task runnable again, its caches dropped: the
+// partition restarts from the last cycle's commit point (the store holds
+// every cycle up to it and nothing after). It waits for a cycle in progress.
+func (t *Task) Reset() {
+	_ = t.lock(context.Background())
+	defer t.unlock()
+	t.drop()
+	t.mu.Lock()
+	t.broken = nil
+	t.mu.Unlock()
+}
+
 // Err returns the error the task was abandoned with, nil while it runs.
 func (t *Task) Err() error {
 	t.mu.Lock()
