@@ -80,6 +80,15 @@ func TestFinalCycleWritesOneRecordPerKey(t *testing.T) {
 			t.Fatalf("changelog partition %d has %d records before any cycle", p, hw)
 		}
 	}
+	tasks := w.Tasks()
+	if len(tasks) != parts {
+		t.Fatalf("tasks %+v, want %d", tasks, parts)
+	}
+	for i, ts := range tasks {
+		if ts.Partition != int32(i) || ts.State != app.TaskRunning || ts.Sources != 1 || len(ts.Tables) != 1 || ts.Tables[0] != "counts" || ts.Cycles != 0 {
+			t.Fatalf("task %d: %+v, want running with one source, table counts and no cycle yet", i, ts)
+		}
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -92,6 +101,9 @@ func TestFinalCycleWritesOneRecordPerKey(t *testing.T) {
 		t.Fatalf("changelog holds %d records, want one per key (%d) for %d updates", total, len(keys), len(recs))
 	}
 	wantCounts(t, storeTable(t, dir, "counts"), want)
+	if tasks := w.Tasks(); len(tasks) != 0 {
+		t.Fatalf("tasks after the stop: %+v", tasks)
+	}
 	if err := app.WaitForLag0(context.Background(), client, id, []string{c.words.Name()}, 10*time.Second); err != nil {
 		t.Fatalf("offsets not committed by the final cycle: %v", err)
 	}

@@ -21,7 +21,8 @@ type metrics struct {
 	committed *prometheus.CounterVec
 	restored  *prometheus.CounterVec
 
-	restarts     *prometheus.CounterVec
+	restarts        *prometheus.CounterVec
+	taskTransitions *prometheus.CounterVec
 	cycleRecords prometheus.Counter
 	cycleSeconds prometheus.Histogram
 }
@@ -39,7 +40,9 @@ func newMetrics() *metrics {
 		Help: "Duration of commit cycles that wrote records: cut, flush, commit, apply.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)})
 	m.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_partition_restarts_total",
 		Help: "Partition restarts in place after a failed record (redelivery from the last commit point)."}, []string{"topic"})
-	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.cycleRecords, m.cycleSeconds)
+	m.taskTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_task_transitions_total",
+		Help: "Task state transitions, by the state entered."}, []string{"to"})
+	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.taskTransitions, m.cycleRecords, m.cycleSeconds)
 	return m
 }
 
@@ -58,7 +61,10 @@ func (w *Worker) serveHTTP(addr string) (func() error, error) {
 	w.serveTables(mux) // GET /api/tables/{table}/{key} (global_http.go)
 	mux.HandleFunc("GET /api/assignment", func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(rw).Encode(w.Assignment())
+		_ = json.NewEncoder(rw).Encode(struct {
+			Assignment any          `json:"assignment"`
+			Tasks      []TaskStatus `json:"tasks"`
+		}{w.Assignment(), w.Tasks()})
 	})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

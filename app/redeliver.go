@@ -238,7 +238,7 @@ func (pt *partition) run(ctx context.Context) error {
 		if shared {
 			w.log.Warn("partition failed; its task has other sources, so the session restarts and the partition resumes from its committed offset",
 				"topic", pt.topic, "partition", pt.p, "offset", from, "attempt", n, "in", d, "err", err)
-			pt.task.abandon(err)
+			pt.task.abandon(&w.tasks, err)
 			if !sleep(d, ctx.Done(), pt.feed.revoked) {
 				return nil
 			}
@@ -247,6 +247,9 @@ func (pt *partition) run(ctx context.Context) error {
 		w.log.Warn("partition failed; redelivering from the last commit point",
 			"topic", pt.topic, "partition", pt.p, "offset", from, "attempt", n, "in", d, "err", err)
 		w.metrics.restarts.WithLabelValues(pt.topic).Inc()
+		if pt.task != nil {
+			w.tasks.set(pt.task, TaskRestarting)
+		}
 		if !sleep(d, ctx.Done(), pt.feed.revoked) {
 			return nil
 		}
@@ -254,6 +257,7 @@ func (pt *partition) run(ctx context.Context) error {
 			if err := pt.resetTask(); err != nil {
 				return fmt.Errorf("%s: %w", pt.key, err)
 			}
+			w.tasks.set(pt.task, TaskRunning)
 		}
 	}
 }
@@ -362,6 +366,9 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 		w.log.Warn("records still in flight when the partition stopped", "topic", pt.topic, "partition", pt.p, "err", err)
 	}
 	if pt.task != nil {
+		if first == nil && taskErr == nil {
+			w.tasks.set(pt.task, TaskSuspending)
+		}
 		// The final cycle: flush what the drained records wrote, commit
 		// their offsets and apply them, before the partition is given up.
 		// It cuts only if every fetched record resolved; otherwise (and
@@ -377,7 +384,7 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 		default:
 			if _, err := pt.task.t.Cycle(fctx, w.drainBudget()); err != nil {
 				w.log.Warn("final commit cycle did not complete; the partition's uncommitted records will be processed again", "topic", pt.topic, "partition", pt.p, "err", err)
-				pt.task.abandon(fmt.Errorf("%s stopped: %w", pt.key, err))
+				pt.task.abandon(&w.tasks, fmt.Errorf("%s stopped: %w", pt.key, err))
 			}
 		}
 	}

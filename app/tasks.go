@@ -3,6 +3,8 @@ package app
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sort"
 	"sync"
 	"time"
 
@@ -15,10 +17,51 @@ import (
 // tables, and the partition.
 type taskKey struct{ parts, p int32 }
 
+// Task states, as /api/assignment shows them and the "task state" log lines
+// name them (keys task, partition, from, to).
+const (
+	// TaskRunning: the task's sources process records; cycles run.
+	TaskRunning = "running"
+	// TaskRestarting: a failed record's partition waits out its redelivery
+	// backoff, caches dropped, before it reads again from the last commit
+	// point.
+	TaskRestarting = "restarting"
+	// TaskSuspending: the partition is being given up: drain, final cycle.
+	TaskSuspending = "suspending"
+	// TaskAbandoned: a cycle could not flush, or the partition stopped
+	// without a final cycle; its claims end and the session restarts.
+	TaskAbandoned = "abandoned"
+	// TaskClosed: the last claim left; the task is gone.
+	TaskClosed = "closed"
+)
+
+// TaskStatus is one task as /api/assignment shows it.
+type TaskStatus struct {
+	// Partition and Partitions name the task: partition Partition of the
+	// co-partitioned topics and tables with Partitions partitions.
+	Partition  int32  `json:"partition"`
+	Partitions int32  `json:"partitions"`
+	State      string `json:"state"`
+	// Sources is how many claimed topic partitions feed the task.
+	Sources int `json:"sources"`
+	// Tables are the names of the tables the task writes.
+	Tables []string `json:"tables"`
+	// Cycles counts the cycles that wrote records; Records the changelog
+	// records they wrote; LastCycleMS the duration of the last one.
+	Cycles      int64   `json:"cycles"`
+	Records     int64   `json:"records"`
+	LastCycleMS float64 `json:"last_cycle_ms"`
+}
+
 // taskRun is a running task: its commit-cycle loop and the claims using it.
 type taskRun struct {
 	t      *task.Task
-	refs   int // claims using the task; guarded by taskSet.mu
+	key    taskKey
+	refs   int           // claims using the task; guarded by taskSet.mu
+	state  string        // guarded by taskSet.mu
+	cycles int64         // guarded by taskSet.mu
+	recs   int64         // guarded by taskSet.mu
+	last   time.Duration // guarded by taskSet.mu
 	wake   chan struct{}
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -28,8 +71,9 @@ type taskRun struct {
 
 // abandon abandons the task (task.Task.Abandon) and fails every claim of it:
 // the partition restarts from its committed offsets.
-func (tr *taskRun) abandon(err error) {
+func (tr *taskRun) abandon(ts *taskSet, err error) {
 	tr.t.Abandon(err)
+	ts.set(tr, TaskAbandoned)
 	tr.fail.Do(func() { close(tr.failed) })
 }
 
@@ -53,11 +97,48 @@ func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []*t
 		return tr
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	tr := &taskRun{t: &task.Task{Partition: k.p, Tables: states, Commit: sess.Commit}, refs: 1,
+	tr := &taskRun{t: &task.Task{Partition: k.p, Tables: states, Commit: sess.Commit}, key: k, refs: 1, state: TaskRunning,
 		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), failed: make(chan struct{})}
 	ts.m[k] = tr
+	ts.w.log.Info("task state", "task", fmt.Sprintf("%d/%d", k.p, k.parts), "partition", k.p, "from", "created", "to", TaskRunning)
+	ts.w.metrics.taskTransitions.WithLabelValues(TaskRunning).Inc()
 	go ts.loop(ctx, k, tr)
 	return tr
+}
+
+// set moves tr to state, logging and counting the transition.
+func (ts *taskSet) set(tr *taskRun, state string) {
+	ts.mu.Lock()
+	from := tr.state
+	tr.state = state
+	ts.mu.Unlock()
+	if from == state {
+		return
+	}
+	ts.w.log.Info("task state", "task", fmt.Sprintf("%d/%d", tr.key.p, tr.key.parts), "partition", tr.key.p, "from", from, "to", state)
+	ts.w.metrics.taskTransitions.WithLabelValues(state).Inc()
+}
+
+// status returns every task's status, by partition.
+func (ts *taskSet) status() []TaskStatus {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	out := make([]TaskStatus, 0, len(ts.m))
+	for k, tr := range ts.m {
+		st := TaskStatus{Partition: k.p, Partitions: k.parts, State: tr.state, Sources: tr.t.Sources(),
+			Cycles: tr.cycles, Records: tr.recs, LastCycleMS: float64(tr.last.Microseconds()) / 1000}
+		for _, s := range tr.t.Tables {
+			st.Tables = append(st.Tables, s.Name())
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Partitions != out[j].Partitions {
+			return out[i].Partitions < out[j].Partitions
+		}
+		return out[i].Partition < out[j].Partition
+	})
+	return out
 }
 
 // leave ends one claim's use of the task of k; the last one stops its loop
@@ -78,6 +159,7 @@ func (ts *taskSet) leave(k taskKey) {
 	if last {
 		tr.cancel()
 		<-tr.done
+		ts.set(tr, TaskClosed)
 	}
 }
 
@@ -134,12 +216,17 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 			if st.Records > 0 {
 				w.metrics.cycleRecords.Add(float64(st.Records))
 				w.metrics.cycleSeconds.Observe(st.Elapsed.Seconds())
+				ts.mu.Lock()
+				tr.cycles++
+				tr.recs += int64(st.Records)
+				tr.last = st.Elapsed
+				ts.mu.Unlock()
 			}
 		case errors.Is(err, task.ErrAbandoned):
 			if ctx.Err() == nil {
 				w.log.Warn("commit cycle abandoned; the partition restarts from its committed offsets", "partition", k.p, "err", err)
 			}
-			tr.abandon(err)
+			tr.abandon(ts, err)
 			<-ctx.Done()
 			return
 		case ctx.Err() == nil:

@@ -132,6 +132,10 @@ func processID(dir string) (string, error) {
 	return id, nil
 }
 
+// Tasks returns the status of this worker's tasks (partitions whose agents
+// write tables), ordered by partition count and partition.
+func (w *Worker) Tasks() []TaskStatus { return w.tasks.status() }
+
 // Processed returns how many source records every subscribed agent moved
 // past (resolved: acked, rejected or dead-lettered) on this worker; their
 // offsets are committed by the next commit cycle.
