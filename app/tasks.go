@@ -222,6 +222,9 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 				tr.last = st.Elapsed
 				ts.mu.Unlock()
 			}
+		case errors.Is(err, task.ErrStopped):
+			// Abandoned by a failed partition that restarts in place (or
+			// is ending): no cycle until it resets the task.
 		case errors.Is(err, task.ErrAbandoned):
 			if ctx.Err() == nil {
 				w.log.Warn("commit cycle abandoned; the partition restarts from its committed offsets", "partition", k.p, "err", err)

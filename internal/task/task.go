@@ -166,6 +166,11 @@ func (t *Task) Sources() int {
 	return len(t.sources)
 }
 
+// ErrStopped is returned (wrapping the cause) by a Cycle of a task that was
+// abandoned before the cycle started: nothing was done, and the caller that
+// abandoned it decides what happens next (restart the partition, Reset).
+var ErrStopped = errors.New("task abandoned; no cycle runs")
+
 // ErrAbandoned wraps the error of a cycle that could not finish: its writes
 // were dropped and its offsets not committed, so the records below its
 // commit point will be processed again (by this worker after a restart of
@@ -189,7 +194,7 @@ func (t *Task) Cycle(ctx context.Context, cut time.Duration) (Stats, error) {
 	}
 	defer t.unlock()
 	if err := t.Err(); err != nil {
-		return Stats{}, err
+		return Stats{}, fmt.Errorf("%w: %w", ErrStopped, err)
 	}
 	start := time.Now()
 	var st Stats
@@ -250,7 +255,7 @@ func (t *Task) Cycle(ctx context.Context, cut time.Duration) (Stats, error) {
 			f.Drop()
 		}
 		t.Abandon(fmt.Errorf("flush: %w", err))
-		return st, t.Err()
+		return st, t.Err() // wraps ErrAbandoned, not ErrStopped
 	}
 	for i, s := range srcs {
 		s.Committable(bounds[i])
