@@ -87,7 +87,10 @@ func (a *App) Dev(ctx context.Context, o DevOptions) error {
 		defer os.RemoveAll(dir)
 		o.DataDir = dir
 	}
-	broker, err := embedded.Start(embedded.Options{})
+	// kfake ignores min.compaction.lag.ms and compacts whatever its cleaner
+	// finds: run the cleaner only as often as the changelogs' lag (10 min),
+	// so that dev compacts no sooner than Kafka would, in practice.
+	broker, err := embedded.Start(embedded.Options{CleanerBackoff: 10 * time.Minute})
 	if err != nil {
 		return err
 	}
