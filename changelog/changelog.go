@@ -377,57 +377,95 @@ type fetched struct {
 	offset int64
 }
 
-// fetchAt fetches from offset directly from the partition leader and returns
-// the data records of the response (control batches left out) and the offset
-// after the last batch returned.
-func (r *Restorer) fetchAt(topic string, p int32, offset int64) ([]fetched, int64, error) {
+// fetchAt fetches from offset directly from the partition leader, with the
+// reader's isolation level, and returns the data records of the response
+// (control batches and, under read_committed, records of aborted
+// transactions left out), the offset after the last batch returned, and
+// whether the partition has nothing below end that a reader could still be
+// given: the response held no batch and the highwater (read_uncommitted) or
+// last stable offset (read_committed) is at or past end.
+func (r *Restorer) fetchAt(topic string, p int32, offset, end int64) ([]fetched, int64, bool, error) {
 	b, err := r.Client.Leader(topic, p)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, false, err
+	}
+	iso := sarama.ReadUncommitted
+	if r.Client.Config().Consumer.IsolationLevel == sarama.ReadCommitted {
+		iso = sarama.ReadCommitted
 	}
 	// Fetch v4 is the oldest version Kafka 4 (and kfake) accept and the first
-	// that returns record batches with the control attribute (KIP-98).
-	req := &sarama.FetchRequest{Version: 4, MaxWaitTime: 0, MinBytes: 1, MaxBytes: 1 << 20, Isolation: sarama.ReadUncommitted}
+	// that returns record batches with the control attribute and the aborted
+	// transactions (KIP-98).
+	req := &sarama.FetchRequest{Version: 4, MaxWaitTime: 0, MinBytes: 1, MaxBytes: 1 << 20, Isolation: iso}
 	req.AddBlock(topic, p, offset, 1<<20, -1)
 	resp, err := b.Fetch(req)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, false, err
 	}
 	blk := resp.GetBlock(topic, p)
 	if blk == nil {
-		return nil, 0, errors.New("fetch response without the partition")
+		return nil, 0, false, errors.New("fetch response without the partition")
 	}
 	if blk.Err != sarama.ErrNoError {
-		return nil, 0, blk.Err
+		return nil, 0, false, blk.Err
 	}
+	// Under read_committed a batch of a producer at or after the first
+	// offset of one of its aborted transactions is aborted data, up to that
+	// producer's next control batch (the abort marker).
+	abortedFrom := map[int64]int64{}
+	for _, at := range blk.AbortedTransactions {
+		if cur, ok := abortedFrom[at.ProducerID]; !ok || at.FirstOffset < cur {
+			abortedFrom[at.ProducerID] = at.FirstOffset
+		}
+	}
+	aborting := map[int64]bool{}
 	var out []fetched
 	next := offset
+	batches := 0
 	for _, rs := range blk.RecordsSet {
 		if rs == nil || rs.RecordBatch == nil {
 			continue
 		}
 		rb := rs.RecordBatch
+		batches++
 		if !rb.PartialTrailingRecord {
 			next = max(next, rb.LastOffset()+1)
 		}
+		if iso == sarama.ReadCommitted && rb.IsTransactional {
+			if first, ok := abortedFrom[rb.ProducerID]; ok && rb.FirstOffset >= first {
+				aborting[rb.ProducerID] = true
+			}
+		}
 		if rb.Control {
+			delete(aborting, rb.ProducerID)
+			continue
+		}
+		if aborting[rb.ProducerID] {
 			continue
 		}
 		for _, rec := range rb.Records {
 			out = append(out, fetched{offset: rb.FirstOffset + rec.OffsetDelta})
 		}
 	}
-	return out, next, nil
+	limit := blk.HighWaterMarkOffset
+	if iso == sarama.ReadCommitted && blk.LastStableOffset >= 0 {
+		limit = blk.LastStableOffset
+	}
+	return out, next, batches == 0 && limit >= end, nil
 }
 
-// onlyControlBelow reports whether [from, end) holds no data record: every
-// batch there is a control batch (transaction markers), as after a
-// transactional producer's commit.
+// onlyControlBelow reports whether [from, end) holds no data record a reader
+// is given: every batch there is a control batch (transaction markers) or,
+// under read_committed, a batch of an aborted transaction; or nothing is left
+// there at all (a trailing record removed by compaction).
 func (r *Restorer) onlyControlBelow(topic string, p int32, from, end int64) (bool, error) {
 	for from < end {
-		recs, next, err := r.fetchAt(topic, p, from)
+		recs, next, gone, err := r.fetchAt(topic, p, from, end)
 		if err != nil {
 			return false, err
+		}
+		if gone {
+			return true, nil
 		}
 		for _, rec := range recs {
 			if rec.offset >= from && rec.offset < end {
