@@ -71,6 +71,9 @@ func (w *Worker) openGlobals(send table.ChangelogSendFunc) ([]func() error, erro
 		if err != nil {
 			return closers, err
 		}
+		nparts := tt.Partitions
+		gs.CacheBytes = w.cfg.CacheBytes
+		gs.OnFull = func(p int32) { w.tasks.wake(taskKey{nparts, p}) }
 		detach := def.AttachReplica(gs)
 		closers = append(closers, func() error { detach(); return nil })
 		w.glob.tables = append(w.glob.tables, &globalRuntime{def: def, parts: tt.Partitions, store: st, state: gs})

@@ -134,16 +134,25 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	pt := &partition{h: h, w: w, sess: sess, topic: topic, p: p, key: fmt.Sprintf("%s[%d]", topic, p),
 		runners: runners, feed: newClaimFeed(claim), retry: w.cfg.redelivery.withDefaults(),
 		inflight: &table.InFlight{}}
-	if len(acquired) > 0 {
-		// The partition writes tables: its offsets are committed by the
-		// task's commit cycles (tasks.go).
-		src, _ := w.graph.Topic(topic)
-		k := taskKey{src.Partitions, p}
-		var states []*table.State
-		for _, rk := range acquired {
-			states = append(states, w.tableByName(rk.table).state)
+	src, _ := w.graph.Topic(topic)
+	var states []table.Cutter
+	for _, rk := range acquired {
+		states = append(states, w.tableByName(rk.table).state)
+	}
+	for _, g := range w.glob.tables {
+		if g.parts == src.Partitions {
+			states = append(states, g.state)
 		}
-		pt.task = w.tasks.join(k, sess, states)
+	}
+	if len(states) > 0 {
+		// The partition may write tables: its offsets are committed by the
+		// task's commit cycles (tasks.go).
+		k := taskKey{src.Partitions, p}
+		tr, err := w.tasks.join(k, sess, states)
+		if err != nil {
+			return fmt.Errorf("partition %s[%d]: %w", topic, p, err)
+		}
+		pt.task = tr
 		defer w.tasks.leave(k)
 	}
 	env := *w.env

@@ -23,8 +23,8 @@ type metrics struct {
 
 	restarts        *prometheus.CounterVec
 	taskTransitions *prometheus.CounterVec
-	cycleRecords prometheus.Counter
-	cycleSeconds prometheus.Histogram
+	cycleRecords    prometheus.Counter
+	cycleSeconds    prometheus.Histogram
 }
 
 func newMetrics() *metrics {

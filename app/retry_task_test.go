@@ -17,8 +17,9 @@ import (
 // A record that keeps failing is redelivered by restarting only its own
 // partition: the other partitions keep processing and committing, the
 // worker's session (generation) does not change, and once the record
-// succeeds the failing partition's table is exact: the update the agent made
-// before it failed, each time, was dropped with the task's cache.
+// succeeds the failing partition's tables are exact: the updates the agent
+// made before it failed, each time, to a table and to a global table, were
+// dropped with the task's caches (a redelivered record applies once).
 func TestFailingRecordRestartsOnlyItsPartition(t *testing.T) {
 	brokers := testbroker.Brokers(t)
 	id := testbroker.Topic(t, "app")
@@ -31,12 +32,16 @@ func TestFailingRecordRestartsOnlyItsPartition(t *testing.T) {
 	)
 	in := app.Topic(a, "words", codec.String(), codec.String(), app.Partitions(parts))
 	counts := table.New(a, "counts", codec.String(), codec.DecimalInt64())
+	gcounts := table.NewGlobal(a, "gcounts", codec.String(), codec.DecimalInt64(), table.Partitions(parts))
 	var blocked atomic.Bool
 	var attempts atomic.Int64
 	blocked.Store(true)
 	agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
 			if _, err := counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
+				return err
+			}
+			if _, err := gcounts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
 				return err
 			}
 			if ev.Value == "fail" && blocked.Load() {
@@ -102,6 +107,18 @@ func TestFailingRecordRestartsOnlyItsPartition(t *testing.T) {
 	}
 	want := map[string]int{ws[0]: 11, ws[1]: 25, ws[2]: 25, ws[3]: 25}
 	wantCounts(t, storeTable(t, dir, "counts"), want)
+	got, err := app.ReadTable(context.Background(), client, gcounts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, n := range want {
+		if got[k] != int64(n) {
+			t.Fatalf("global count of %s = %v, want %d (table %v)", k, got[k], n, got)
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("global table %v, want %v", got, want)
+	}
 	t.Logf("failing record delivered %d times while the other partitions committed", before)
 }
 

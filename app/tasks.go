@@ -84,9 +84,18 @@ type taskSet struct {
 	m  map[taskKey]*taskRun // guarded by mu
 }
 
+// activator is a table runtime with per-partition activation of its own
+// (table.GlobalState: every worker holds every partition, and writes the
+// ones its tasks own).
+type activator interface {
+	Activate(p int32) error
+	Deactivate(p int32)
+}
+
 // join returns the task of k for a claim of sess, starting it (and its cycle
-// loop) for the first claim; leave ends the claim's use.
-func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []*table.State) *taskRun {
+// loop) for the first claim; leave ends the claim's use. Errors: activating
+// a global table's partition (reading its store's marks).
+func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []table.Cutter) (*taskRun, error) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	if ts.m == nil {
@@ -94,7 +103,19 @@ func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []*t
 	}
 	if tr := ts.m[k]; tr != nil {
 		tr.refs++
-		return tr
+		return tr, nil
+	}
+	for i, st := range states {
+		if a, ok := st.(activator); ok {
+			if err := a.Activate(k.p); err != nil {
+				for _, prev := range states[:i] {
+					if a, ok := prev.(activator); ok {
+						a.Deactivate(k.p)
+					}
+				}
+				return nil, err
+			}
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	tr := &taskRun{t: &task.Task{Partition: k.p, Tables: states, Commit: sess.Commit}, key: k, refs: 1, state: TaskRunning,
@@ -103,7 +124,7 @@ func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []*t
 	ts.w.log.Info("task state", "task", fmt.Sprintf("%d/%d", k.p, k.parts), "partition", k.p, "from", "created", "to", TaskRunning)
 	ts.w.metrics.taskTransitions.WithLabelValues(TaskRunning).Inc()
 	go ts.loop(ctx, k, tr)
-	return tr
+	return tr, nil
 }
 
 // set moves tr to state, logging and counting the transition.
@@ -159,6 +180,11 @@ func (ts *taskSet) leave(k taskKey) {
 	if last {
 		tr.cancel()
 		<-tr.done
+		for _, st := range tr.t.Tables {
+			if a, ok := st.(activator); ok {
+				a.Deactivate(k.p)
+			}
+		}
 		ts.set(tr, TaskClosed)
 	}
 }

@@ -31,8 +31,8 @@ type GlobalDef interface {
 // fetch wait plus a store batch; docs/tables.md gives measured numbers), except
 // for the worker's own writes, which it reads at once (read-your-writes).
 //
-// Writes follow the rule of plain tables: a write is bound to the event being
-// processed and the key must belong to the event's partition (ErrNotCoPartitioned
+// Writes follow the rule of plain tables: a write goes to the event
+// partition's commit cycle (docs/tables.md) and the key must belong to the event's partition (ErrNotCoPartitioned
 // otherwise), so partition p of a global table is written only by the worker
 // that owns partition p of the source topics (declare the table with the same
 // partition count as the topics it is written from). Before that worker's
@@ -135,8 +135,9 @@ func (t *GlobalTable[K, V]) Lookup(ctx context.Context, key K) (V, bool, error) 
 	return t.read(s, key)
 }
 
-// Set writes value under key, bound to ev. The key must belong to ev's
-// partition (ErrNotCoPartitioned).
+// Set writes value under key in ev's partition's current commit cycle. The
+// key must belong to ev's partition (ErrNotCoPartitioned), and this worker
+// must own the partition (ErrNotActive).
 func (t *GlobalTable[K, V]) Set(ev Event, key K, value V) error {
 	s, err := t.current(ev)
 	if err != nil {
@@ -154,7 +155,8 @@ func (t *GlobalTable[K, V]) Set(ev Event, key K, value V) error {
 }
 
 // Update replaces the value of key with fn(old), where old is the zero value
-// when the key is absent, and returns the new value. The write is bound to ev.
+// when the key is absent, and returns the new value. The write goes to ev's
+// partition's current commit cycle.
 // Like Table.Update, the read and the write are one step for the partition,
 // and fn must not use the same table.
 func (t *GlobalTable[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
@@ -169,7 +171,8 @@ func (t *GlobalTable[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error)
 	return nv, t.Set(ev, key, nv)
 }
 
-// Delete removes key (a tombstone in the changelog), bound to ev.
+// Delete removes key (a tombstone in the changelog) in ev's partition's
+// current commit cycle.
 func (t *GlobalTable[K, V]) Delete(ev Event, key K) error {
 	s, err := t.current(ev)
 	if err != nil {
@@ -186,13 +189,14 @@ func (t *GlobalTable[K, V]) Delete(ev Event, key K) error {
 // partition, the changelog producer, and the worker's own writes that the
 // replica has not applied yet.
 //
-// Invariant (kept by Store's Apply and write's delivery callback): the store
-// holds exactly the changelog's records up to each partition's applied offset,
+// Invariant (kept by Store's Apply, Cut and applyCycle): the store holds
+// exactly the changelog's records up to each partition's applied offset,
 // applied in offset order by the worker's followers, nothing else; the
 // worker's own writes never go to the store directly. A write lives in the
-// overlay from the moment it is made until the follower applied an offset at
-// or past the write's changelog offset, so reads see it at once and never see
-// an older value after it (read-your-writes, no going back in time).
+// partition's cache, then in the cycle being flushed, then (acknowledged) in
+// the overlay until the follower applied an offset at or past its changelog
+// offset, so reads see it at once and never see an older value after it
+// (read-your-writes, no going back in time).
 type GlobalState struct {
 	name, topic string
 	partitions  int32
@@ -201,9 +205,13 @@ type GlobalState struct {
 
 	rmw partitionLocks // Update's read-modify-write, per partition
 
+	// CacheBytes and OnFull work as State's (set before the worker starts).
+	CacheBytes int
+	OnFull     func(p int32)
+
 	mu      sync.Mutex
-	seq     uint64                            // guarded by mu
-	overlay map[int32]map[string]*globalWrite // newest own write per key not yet applied; guarded by mu
+	caches  map[int32]*partState              // write caches of the partitions this worker writes (Activate); guarded by mu
+	overlay map[int32]map[string]*globalWrite // newest own acknowledged write per key not yet applied; guarded by mu
 	applied map[int32]int64                   // changelog offset applied per partition; guarded by mu
 	changed chan struct{}                     // closed and replaced when applied moves; guarded by mu
 }
@@ -211,15 +219,14 @@ type GlobalState struct {
 type globalWrite struct {
 	value   []byte
 	deleted bool
-	seq     uint64
-	offset  int64 // changelog offset once acknowledged, else stores.NoOffset
+	offset  int64 // changelog offset
 }
 
 // NewGlobalState creates the replica of global table d over st (which may hold
 // a previous run's data and checkpoints) with the given producer.
 func NewGlobalState(d Def, partitions int32, st stores.Store, send ChangelogSendFunc) (*GlobalState, error) {
 	s := &GlobalState{name: d.Name(), topic: d.Changelog(), partitions: partitions, store: st, send: send,
-		overlay: map[int32]map[string]*globalWrite{}, applied: map[int32]int64{}, changed: make(chan struct{})}
+		caches: map[int32]*partState{}, overlay: map[int32]map[string]*globalWrite{}, applied: map[int32]int64{}, changed: make(chan struct{})}
 	for p := int32(0); p < partitions; p++ {
 		off, err := st.Offset(p)
 		if err != nil {
@@ -287,6 +294,23 @@ func (s *GlobalState) Pending() int {
 func (s *GlobalState) Lookup(key []byte) ([]byte, bool, error) {
 	p := kafka.PartitionFor(key, s.partitions)
 	s.mu.Lock()
+	ps := s.caches[p]
+	s.mu.Unlock()
+	if ps != nil {
+		if it, ok := ps.lookup(key); ok {
+			if it.deleted {
+				return nil, false, nil
+			}
+			return it.value, true, nil
+		}
+	}
+	return s.lookupApplied(p, key)
+}
+
+// lookupApplied reads key of partition p from the acknowledged own writes,
+// then the store: the value before the cycles not yet acknowledged.
+func (s *GlobalState) lookupApplied(p int32, key []byte) ([]byte, bool, error) {
+	s.mu.Lock()
 	if o, ok := s.overlay[p][string(key)]; ok {
 		s.mu.Unlock()
 		if o.deleted {
@@ -312,7 +336,7 @@ func (s *GlobalState) noteApplied(p int32, offset int64, reset bool) {
 	}
 	s.applied[p] = offset
 	for k, o := range s.overlay[p] {
-		if o.offset != stores.NoOffset && o.offset <= offset {
+		if o.offset <= offset {
 			delete(s.overlay[p], k)
 		}
 	}
@@ -326,53 +350,90 @@ func (s *GlobalState) write(ev Event, key, value []byte, del bool) error {
 		return fmt.Errorf("table %s: write of key %q from partition %d: the key belongs to partition %d: %w", s.name, key, p, q, ErrNotCoPartitioned)
 	}
 	s.mu.Lock()
-	done, ok := ev.BindPersist()
-	if !ok {
-		s.mu.Unlock()
+	ps := s.caches[p]
+	s.mu.Unlock()
+	if ps == nil {
+		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrNotActive)
+	}
+	if wc, ok := ev.(windowChecker); ok && !wc.InWindow() {
 		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrOutsideWindow)
 	}
-	s.seq++
-	seq := s.seq
-	m := s.overlay[p]
+	if ps.put(string(key), value, del, s.CacheBytes) && s.OnFull != nil {
+		s.OnFull(p)
+	}
+	return nil
+}
+
+// Activate makes partition p writable by this worker (its task started): a
+// write cache, and a writer epoch one above the highest the replica applied.
+// The replica must have caught up with the partition first (the worker
+// waits for it), so that the epoch is above every earlier owner's.
+func (s *GlobalState) Activate(p int32) error {
+	marks, err := s.store.Marks(p)
+	if err != nil {
+		return fmt.Errorf("table %s[%d]: read marks: %w", s.name, p, err)
+	}
+	s.mu.Lock()
+	s.caches[p] = &partState{epoch: marks[changelog.EpochMark] + 1, dirty: map[string]cacheItem{}}
+	s.mu.Unlock()
+	return nil
+}
+
+// Deactivate ends this worker's writes to partition p, dropping its cache.
+func (s *GlobalState) Deactivate(p int32) {
+	s.mu.Lock()
+	delete(s.caches, p)
+	s.mu.Unlock()
+}
+
+// Cut implements Cutter: partition p's writes of the current cycle, sent
+// like a plain table's (one stamped record per key, the before-image being
+// the value before the cycle) and, once acknowledged, kept as own writes
+// until the replica's follower applies them.
+func (s *GlobalState) Cut(p int32) Cycle {
+	s.mu.Lock()
+	ps := s.caches[p]
+	s.mu.Unlock()
+	if ps == nil {
+		return nil
+	}
+	keys, items := ps.cut()
+	if keys == nil {
+		return nil
+	}
+	return &Flush{name: s.name, topic: s.topic, send: s.send, p: p, ps: ps, keys: keys, items: items,
+		done: make(chan struct{}), last: stores.NoOffset, offs: make([]int64, len(keys)),
+		before:  func(key []byte) ([]byte, bool, error) { return s.lookupApplied(p, key) },
+		applyFn: s.applyCycle}
+}
+
+// Drop implements Cutter.
+func (s *GlobalState) Drop(p int32) {
+	s.mu.Lock()
+	ps := s.caches[p]
+	s.mu.Unlock()
+	if ps != nil {
+		ps.drop()
+	}
+}
+
+// applyCycle keeps an acknowledged cycle's writes as own writes, each with
+// its changelog offset, until the follower applies that offset (noteApplied
+// retires them); one the follower already applied is not kept.
+func (s *GlobalState) applyCycle(f *Flush) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.overlay[f.p]
 	if m == nil {
 		m = map[string]*globalWrite{}
-		s.overlay[p] = m
+		s.overlay[f.p] = m
 	}
-	k := string(key)
-	m[k] = &globalWrite{value: value, deleted: del, seq: seq, offset: stores.NoOffset}
-	s.mu.Unlock()
-
-	var hs []Header
-	if o, ok := ev.(Originator); ok {
-		org := o.Origin()
-		for _, h := range (changelog.Source{Topic: org.Topic, Partition: org.Partition, Offset: org.Offset}).Headers() {
-			hs = append(hs, Header{Key: h[0], Value: h[1]})
+	for i, k := range f.keys {
+		if f.offs[i] <= s.applied[f.p] {
+			delete(m, k)
+			continue
 		}
-	}
-	forget := func() {
-		if o, ok := s.overlay[p][k]; ok && o.seq == seq {
-			delete(s.overlay[p], k)
-		}
-	}
-	err := s.send(s.topic, p, append([]byte(nil), key...), value, hs, func(offset int64, err error) {
-		s.mu.Lock()
-		switch o, ok := s.overlay[p][k]; {
-		case err != nil:
-			forget()
-		case ok && o.seq == seq && s.applied[p] >= offset:
-			forget() // the follower was faster than the acknowledgement
-		case ok && o.seq == seq:
-			o.offset = offset
-		}
-		s.mu.Unlock()
-		done(err)
-	})
-	if err != nil {
-		s.mu.Lock()
-		forget()
-		s.mu.Unlock()
-		done(err)
-		return fmt.Errorf("table %s[%d]: send changelog record: %w", s.name, p, err)
+		m[k] = &globalWrite{value: f.items[i].value, deleted: f.items[i].deleted, offset: f.offs[i]}
 	}
 	return nil
 }

@@ -62,10 +62,11 @@ func keyOf(p int32, i int) string {
 }
 
 // TestGlobalOwnWritesUntilApplied walks a global replica through the orders
-// its two inputs can arrive in: the worker's own write is read at once, stays
-// visible while followers apply older records of its partition, and retires
-// when the follower applies its offset, whether the acknowledgement or the
-// follower batch comes first; a failed write disappears.
+// its inputs can arrive in: the worker's own write is read at once from the
+// partition's write cache; its commit cycle sends it, and once acknowledged
+// it stays visible while followers apply older records of its partition and
+// retires when the follower applies its offset, whether the acknowledgement
+// or the follower batch comes first; a failed cycle is dropped whole.
 func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 	h := &host{}
 	g := table.NewGlobal(h, "g", codec.String(), codec.DecimalInt64(), table.Partitions(nparts))
@@ -79,6 +80,12 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 	env := &table.Env{Globals: map[string]*table.GlobalState{"g": gs}}
 	ev := &event{p: 1, env: env}
 	k := keyOf(1, 0)
+	if err := g.Set(ev, k, 1); !errors.Is(err, table.ErrNotActive) {
+		t.Fatalf("Set before Activate: %v, want ErrNotActive", err)
+	}
+	if err := gs.Activate(1); err != nil {
+		t.Fatal(err)
+	}
 	follower := gs.Store()
 	apply := func(off int64, key string, v string) {
 		t.Helper()
@@ -99,15 +106,44 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 			t.Fatalf("Lookup(%s) = %d %v %v, want %d %v", k, lv, lok, err, want, wantOK)
 		}
 	}
+	// cycle cuts partition 1 and sends it; ack answers record i.
+	cycle := func() table.Cycle {
+		t.Helper()
+		c := gs.Cut(1)
+		if c == nil {
+			t.Fatal("nothing to cut")
+		}
+		if err := c.Send(nil); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	finish := func(c table.Cycle) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := c.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Apply(); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	// Ack first, then the follower.
 	if err := g.Set(ev, k, 10); err != nil {
 		t.Fatal(err)
 	}
 	get(10, true)
+	if gs.Pending() != 0 {
+		t.Fatalf("pending = %d before the cycle", gs.Pending())
+	}
+	c := cycle()
+	get(10, true)    // read through the cycle being flushed
 	apply(4, k, "3") // an older record of the previous owner
 	get(10, true)
 	pr.ack(0, 7, nil)
+	finish(c)
 	apply(6, "other", "1")
 	if gs.Pending() != 1 {
 		t.Fatalf("pending = %d before the follower reached offset 7", gs.Pending())
@@ -124,23 +160,35 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 		t.Fatal(err)
 	}
 	get(11, true)
+	c = cycle()
 	apply(8, k, "11")
 	get(11, true)
 	pr.ack(1, 8, nil)
+	finish(c)
 	if gs.Pending() != 0 {
 		t.Fatalf("pending = %d after ack of an applied offset", gs.Pending())
 	}
 
-	// A failed write is forgotten; the store's value shows again.
+	// A failed cycle is dropped; the replica's value shows again.
 	if err := g.Delete(ev, k); err != nil {
 		t.Fatal(err)
 	}
 	get(0, false)
+	c = cycle()
 	pr.ack(2, 0, errors.New("broker down"))
-	get(11, true)
-	if n := len(ev.outs); n != 3 || ev.outs[0] != nil || ev.outs[1] != nil || ev.outs[2] == nil {
-		t.Fatalf("outcomes %v, want nil, nil, error", ev.outs)
+	if err := c.Wait(context.Background()); err == nil {
+		t.Fatal("cycle with a failed record waited without error")
 	}
+	c.Drop()
+	get(11, true)
+	// A write dropped with the cache (a failed record's partition restarts)
+	// is gone too.
+	if err := g.Set(ev, k, 99); err != nil {
+		t.Fatal(err)
+	}
+	get(99, true)
+	gs.Drop(1)
+	get(11, true)
 
 	// A key of another partition is not the event's to write.
 	if err := g.Set(ev, keyOf(2, 0), 1); !errors.Is(err, table.ErrNotCoPartitioned) {
@@ -174,6 +222,10 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 	defer cancel2()
 	if err := gs.WaitApplied(short, 1, 0); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("WaitApplied on an empty partition: %v", err)
+	}
+	gs.Deactivate(1)
+	if err := g.Set(ev, k, 1); !errors.Is(err, table.ErrNotActive) {
+		t.Fatalf("Set after Deactivate: %v, want ErrNotActive", err)
 	}
 }
 

@@ -126,9 +126,10 @@ type options struct{ partitions int32 }
 // topics of the app (which must then agree).
 func Partitions(n int32) Option { return func(o *options) { o.partitions = n } }
 
-// Table is a typed, partitioned key/value table. Writes are bound to the event
-// being processed (see Event); reads see the worker's own writes at once, before
-// the changelog acknowledged them.
+// Table is a typed, partitioned key/value table. Writes go to the write cache
+// of the event's partition and reach the changelog and the store in the
+// partition's commit cycles (State); reads see the worker's own writes at
+// once.
 type Table[K any, V any] struct {
 	declared[K, V]
 }
@@ -231,7 +232,9 @@ func (t *Table[K, V]) Get(ev Event, key K) (V, bool, error) {
 	return v, true, nil
 }
 
-// Set writes value under key, bound to ev.
+// Set writes value under key in the current commit cycle of ev's partition
+// (read at once; in the changelog and the store when the cycle ends).
+// Errors: the codecs', ErrNotCoPartitioned, ErrNotActive, ErrOutsideWindow.
 func (t *Table[K, V]) Set(ev Event, key K, value V) error {
 	s, err := t.current(ev)
 	if err != nil {
@@ -249,7 +252,8 @@ func (t *Table[K, V]) Set(ev Event, key K, value V) error {
 }
 
 // Update replaces the value of key with fn(old), where old is the zero value
-// when the key is absent, and returns the new value. The write is bound to ev.
+// when the key is absent, and returns the new value. The write goes to the
+// current commit cycle of ev's partition.
 //
 // The read and the write are one step for the partition: agents that update
 // the same table partition concurrently (several agents on one topic, or on
@@ -267,7 +271,8 @@ func (t *Table[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
 	return nv, t.Set(ev, key, nv)
 }
 
-// Delete removes key (a tombstone in the changelog), bound to ev.
+// Delete removes key (a tombstone in the changelog) in the current commit
+// cycle of ev's partition.
 func (t *Table[K, V]) Delete(ev Event, key K) error {
 	s, err := t.current(ev)
 	if err != nil {
@@ -460,13 +465,7 @@ func (s *State) part(p int32) *partState {
 
 func (s *State) get(p int32, key []byte) ([]byte, bool, error) {
 	if ps := s.part(p); ps != nil {
-		ps.mu.Lock()
-		it, ok := ps.dirty[string(key)]
-		if !ok {
-			it, ok = ps.flushing[string(key)]
-		}
-		ps.mu.Unlock()
-		if ok {
+		if it, ok := ps.lookup(key); ok {
 			if it.deleted {
 				return nil, false, nil
 			}
@@ -518,23 +517,7 @@ func (s *State) writeRouted(ev Event, route, key, value []byte, del bool) error 
 	if wc, ok := ev.(windowChecker); ok && !wc.InWindow() {
 		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrOutsideWindow)
 	}
-	ps.mu.Lock()
-	k := string(key)
-	if old, ok := ps.dirty[k]; ok {
-		ps.bytes -= len(k) + len(old.value) + 64
-	}
-	ps.dirty[k] = cacheItem{value: value, deleted: del}
-	ps.bytes += len(k) + len(value) + 64
-	limit := s.CacheBytes
-	if limit <= 0 {
-		limit = DefaultCacheBytes
-	}
-	notify := ps.bytes >= limit && !ps.full
-	if notify {
-		ps.full = true
-	}
-	ps.mu.Unlock()
-	if notify && s.OnFull != nil {
+	if ps.put(string(key), value, del, s.CacheBytes) && s.OnFull != nil {
 		s.OnFull(p)
 	}
 	return nil
@@ -544,21 +527,52 @@ func (s *State) writeRouted(ev Event, route, key, value []byte, del bool) error 
 // failed record's task does before it resumes from its last cycle.
 func (s *State) Drop(p int32) {
 	if ps := s.part(p); ps != nil {
-		ps.mu.Lock()
-		ps.dirty = map[string]cacheItem{}
-		ps.bytes, ps.full = 0, false
-		ps.mu.Unlock()
+		ps.drop()
 	}
+}
+
+// Cutter is a table runtime whose writes a task commits in cycles: State
+// (plain and windowed tables) and GlobalState.
+type Cutter interface {
+	// Name is the table's name.
+	Name() string
+	// Cut ends partition p's current cycle and returns it, nil when nothing
+	// was written (see State.Cut).
+	Cut(p int32) Cycle
+	// Drop discards partition p's cache.
+	Drop(p int32)
+}
+
+// Cycle is one cut commit cycle of one table partition (Flush, for plain
+// tables).
+type Cycle interface {
+	// Records is how many changelog records the cycle writes.
+	Records() int
+	// Send produces the cycle's changelog records, stamped with sources.
+	Send(sources []changelog.Source) error
+	// Wait waits for the broker's answers (nil: all acknowledged).
+	Wait(ctx context.Context) error
+	// Apply makes the acknowledged cycle the table's state.
+	Apply() error
+	// Drop abandons the cycle.
+	Drop()
 }
 
 // Flush is one cut commit cycle of one table partition: its writes, sent as
 // changelog records and then applied to the store.
 type Flush struct {
-	s     *State
-	p     int32
-	ps    *partState
-	keys  []string
-	items []cacheItem
+	name, topic string
+	send        ChangelogSendFunc
+	p           int32
+	ps          *partState
+	keys        []string
+	items       []cacheItem
+	// before reads a key's value before the cycle (the before-image);
+	// applyFn makes the acknowledged cycle the table's state.
+	before  func(key []byte) ([]byte, bool, error)
+	applyFn func(f *Flush) error
+	// offs, when not nil, receives each key's changelog offset.
+	offs []int64
 
 	mu      sync.Mutex
 	pending int           // records not answered; guarded by mu
@@ -573,27 +587,79 @@ type Flush struct {
 // is not active or nothing was written. The caller (the task) runs one cycle
 // of a partition at a time: Cut again only after the last Flush was applied
 // or dropped.
-func (s *State) Cut(p int32) *Flush {
+func (s *State) Cut(p int32) Cycle {
 	ps := s.part(p)
 	if ps == nil {
 		return nil
 	}
+	keys, items := ps.cut()
+	if keys == nil {
+		return nil
+	}
+	return &Flush{name: s.name, topic: s.topic, send: s.send, p: p, ps: ps, keys: keys, items: items,
+		done: make(chan struct{}), last: stores.NoOffset,
+		before:  func(key []byte) ([]byte, bool, error) { return s.store.Get(p, key) },
+		applyFn: s.applyCycle}
+}
+
+// cut moves the cache to the flushing layer and returns its keys and items
+// (nil when the cache is empty).
+func (ps *partState) cut() ([]string, []cacheItem) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if len(ps.dirty) == 0 {
-		return nil
+		return nil, nil
 	}
-	f := &Flush{s: s, p: p, ps: ps, done: make(chan struct{}), last: stores.NoOffset}
-	f.keys = make([]string, 0, len(ps.dirty))
-	f.items = make([]cacheItem, 0, len(ps.dirty))
+	keys := make([]string, 0, len(ps.dirty))
+	items := make([]cacheItem, 0, len(ps.dirty))
 	for k, it := range ps.dirty {
-		f.keys = append(f.keys, k)
-		f.items = append(f.items, it)
+		keys = append(keys, k)
+		items = append(items, it)
 	}
 	ps.flushing = ps.dirty
-	ps.dirty = make(map[string]cacheItem, len(f.keys))
+	ps.dirty = make(map[string]cacheItem, len(keys))
 	ps.bytes, ps.full = 0, false
-	return f
+	return keys, items
+}
+
+// lookup reads key from the cache, then the flushing layer; found is false
+// when neither has it.
+func (ps *partState) lookup(key []byte) (it cacheItem, found bool) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if it, ok := ps.dirty[string(key)]; ok {
+		return it, true
+	}
+	it, ok := ps.flushing[string(key)]
+	return it, ok
+}
+
+// put writes key to the cache and reports whether the cache just reached
+// limit bytes (once per cycle).
+func (ps *partState) put(key string, value []byte, del bool, limit int) (full bool) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if old, ok := ps.dirty[key]; ok {
+		ps.bytes -= len(key) + len(old.value) + 64
+	}
+	ps.dirty[key] = cacheItem{value: value, deleted: del}
+	ps.bytes += len(key) + len(value) + 64
+	if limit <= 0 {
+		limit = DefaultCacheBytes
+	}
+	if ps.bytes >= limit && !ps.full {
+		ps.full = true
+		return true
+	}
+	return false
+}
+
+// drop empties the cache.
+func (ps *partState) drop() {
+	ps.mu.Lock()
+	ps.dirty = map[string]cacheItem{}
+	ps.bytes, ps.full = 0, false
+	ps.mu.Unlock()
 }
 
 // Records returns how many changelog records the flush writes (one per key).
@@ -614,9 +680,9 @@ func (f *Flush) Send(sources []changelog.Source) error {
 	var sendErr error
 	for i, k := range f.keys {
 		key := []byte(k)
-		before, found, err := f.s.store.Get(f.p, key)
+		before, found, err := f.before(key)
 		if err != nil {
-			sendErr = fmt.Errorf("table %s[%d]: read before-image: %w", f.s.name, f.p, err)
+			sendErr = fmt.Errorf("table %s[%d]: read before-image: %w", f.name, f.p, err)
 			f.answer(stores.NoOffset, sendErr, len(f.keys)-i)
 			break
 		}
@@ -636,8 +702,18 @@ func (f *Flush) Send(sources []changelog.Source) error {
 				value = []byte{}
 			}
 		}
-		if err := f.s.send(f.s.topic, f.p, key, value, hs, f.answer1); err != nil {
-			sendErr = fmt.Errorf("table %s[%d]: send changelog record: %w", f.s.name, f.p, err)
+		done := f.answer1
+		if f.offs != nil {
+			i := i
+			done = func(offset int64, err error) {
+				f.mu.Lock()
+				f.offs[i] = offset
+				f.mu.Unlock()
+				f.answer(offset, err, 1)
+			}
+		}
+		if err := f.send(f.topic, f.p, key, value, hs, done); err != nil {
+			sendErr = fmt.Errorf("table %s[%d]: send changelog record: %w", f.name, f.p, err)
 			f.answer(stores.NoOffset, sendErr, len(f.keys)-i)
 			break
 		}
@@ -668,12 +744,12 @@ func (f *Flush) Wait(ctx context.Context) error {
 	select {
 	case <-f.done:
 	case <-ctx.Done():
-		return fmt.Errorf("table %s[%d]: waiting for %d changelog acks: %w", f.s.name, f.p, f.pendingCount(), ctx.Err())
+		return fmt.Errorf("table %s[%d]: waiting for %d changelog acks: %w", f.name, f.p, f.pendingCount(), ctx.Err())
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err != nil {
-		return fmt.Errorf("table %s[%d]: changelog write: %w", f.s.name, f.p, f.err)
+		return fmt.Errorf("table %s[%d]: changelog write: %w", f.name, f.p, f.err)
 	}
 	return nil
 }
@@ -684,16 +760,25 @@ func (f *Flush) pendingCount() int {
 	return f.pending
 }
 
-// Apply writes the acknowledged cycle to the store in one batch: the data,
-// the checkpoint (the highest acknowledged offset), the source marks (the
-// cycle's sources) and the epoch mark; then the cycle stops being read
-// through. Call it only after Wait returned nil. A partition released in the
+// Apply makes the acknowledged cycle the table's state (for a plain table:
+// one store batch with the data, the checkpoint, the source marks and the
+// epoch mark; State.applyCycle) and stops reading the cycle through. Call it
+// only after Wait returned nil.
+func (f *Flush) Apply() error {
+	err := f.applyFn(f)
+	f.Drop()
+	return err
+}
+
+// applyCycle writes an acknowledged cycle to the store in one batch: the
+// data, the checkpoint (the highest acknowledged offset), the source marks
+// (the cycle's sources) and the epoch mark. A partition released in the
 // meantime is not written (its store belongs to the restore or the standby
 // follower now).
-func (f *Flush) Apply() error {
-	f.s.mu.Lock()
-	current := f.s.parts[f.p] == f.ps
-	f.s.mu.Unlock()
+func (s *State) applyCycle(f *Flush) error {
+	s.mu.Lock()
+	current := s.parts[f.p] == f.ps
+	s.mu.Unlock()
 	if !current {
 		return nil
 	}
@@ -709,12 +794,10 @@ func (f *Flush) Apply() error {
 		b.Mark(src.MarkKey(), src.Offset)
 	}
 	b.Mark(changelog.EpochMark, f.ps.epoch)
-	err := f.s.store.Apply(f.p, b)
-	if err != nil {
-		err = fmt.Errorf("table %s[%d]: apply cycle: %w", f.s.name, f.p, err)
+	if err := s.store.Apply(f.p, b); err != nil {
+		return fmt.Errorf("table %s[%d]: apply cycle: %w", s.name, f.p, err)
 	}
-	f.Drop()
-	return err
+	return nil
 }
 
 // Drop stops reading the cycle through (after Apply, or when the cycle is

@@ -69,8 +69,9 @@ type Stats struct {
 type Task struct {
 	// Partition is the source and table partition.
 	Partition int32
-	// Tables are the states of the tables written in this partition.
-	Tables []*table.State
+	// Tables are the runtimes of the tables written in this partition
+	// (plain, windowed and global tables).
+	Tables []table.Cutter
 	// Commit commits the group's marked offsets (synchronously); it is
 	// called between the flush and the apply of a cycle that wrote records.
 	Commit func()
@@ -219,7 +220,7 @@ func (t *Task) Cycle(ctx context.Context, cut time.Duration) (Stats, error) {
 			return st, fmt.Errorf("cut: %w", err)
 		}
 	}
-	var flushes []*table.Flush
+	var flushes []table.Cycle
 	for _, tb := range t.Tables {
 		if f := tb.Cut(t.Partition); f != nil {
 			flushes = append(flushes, f)

@@ -131,7 +131,7 @@ func setup(t *testing.T) (*task.Task, *source, *table.Table[string, int64], even
 	}
 	var order []string
 	src := newSource()
-	tk := &task.Task{Partition: 0, Tables: []*table.State{state}, Commit: func() {
+	tk := &task.Task{Partition: 0, Tables: []table.Cutter{state}, Commit: func() {
 		// The commit comes after the acks and before the apply.
 		v, _, _ := st.Get(0, []byte("a"))
 		order = append(order, "commit(store a="+string(v)+")")
