@@ -240,7 +240,7 @@ func (s *script) do(t *testing.T, d *datadriven.TestData) string {
 		id := s.one(t, d)
 		err := s.lastErr[id]
 		if err == nil {
-			d.Fatalf(t, "%s has had no error", id)
+			return "no error"
 		}
 		if strings.Contains(err.Error(), strings.TrimSpace(d.Input)) {
 			return "yes"
