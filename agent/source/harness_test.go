@@ -288,16 +288,6 @@ func (h *harness) expectAdvanced(want ...string) {
 	}
 }
 
-// expectAdvancedItems is expectAdvanced for scenarios whose batching races
-// (a fan-out concurrent with a harvest): it compares the items only.
-func (h *harness) expectAdvancedItems(want ...string) {
-	h.t.Helper()
-	got := strings.Fields(strings.Join(h.advanced(), " "))
-	if strings.Join(got, " ") != strings.Join(want, " ") {
-		h.t.Fatalf("advanced items:\n got  %q\n want %q", got, want)
-	}
-}
-
 func (h *harness) producer(i int) *fakeProducer {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -311,12 +301,6 @@ func (h *harness) nProducers() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return len(h.producers)
-}
-
-func (p *fakeProducer) closes() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.closed
 }
 
 func mustBind(t *testing.T, d *Delivery) Token {
