@@ -1,4 +1,4 @@
-// Package meticulous holds Runnel's property tests.
+
 package meticulous
 
 import (
@@ -290,10 +290,11 @@ func (w *world) standbySpread(p assignor.Plan) int {
 	}
 	caps := make([]int, 0, n)
 	for _, m := range w.members {
+		// A member holds no standby of a task it is active for or warms up.
 		as := 0
 		for _, cl := range w.changelog {
 			if cl != "" {
-				as += len(p.Members[m.ID].Actives[cl])
+				as += len(p.Members[m.ID].Actives[cl]) + len(p.Members[m.ID].Warmups[cl])
 			}
 		}
 		caps = append(caps, ts-as)
@@ -602,6 +603,20 @@ func TestLagRule(t *testing.T) {
 		}
 		if warmups > maxWarm {
 			t.Fatalf("%d warm-ups, max %d", warmups, maxWarm)
+		}
+		// Standbys at the narrowest spread these actives allow, lag or not
+		// (issue #13: 57 of 130 plans with lag were wider).
+		sl := map[string]int{}
+		for _, m := range w.members {
+			sl[m.ID] += 0
+			for _, cl := range w.changelog {
+				if cl != "" {
+					sl[m.ID] += len(p.Members[m.ID].Standbys[cl])
+				}
+			}
+		}
+		if lo, hi := spread(sl); hi-lo != w.standbySpread(p) {
+			t.Fatalf("with lag: standbys spread %d..%d, the narrowest possible is %d", lo, hi, w.standbySpread(p))
 		}
 		if warmups > 0 && !p.NeedsProbe {
 			t.Fatal("warm-ups without NeedsProbe")
