@@ -28,7 +28,7 @@ func TestStrategyDistrustsClaims(t *testing.T) {
 	members := map[string]sarama.ConsumerGroupMemberMetadata{
 		"a": {Topics: []string{"src"}, UserData: sub(5, []int32{0, 1})},
 		"b": {Topics: []string{"src"}, UserData: sub(5, []int32{2, 3})},
-		"c": {Topics: []string{"src"}, UserData: sub(1<<31-1, []int32{0, 1, 2})},                                 // forged
+		"c": {Topics: []string{"src"}, UserData: sub(1<<31-1, []int32{0, 1, 2})},                            // forged
 		"d": {Topics: []string{"src"}, UserData: []byte{0, 1, 0, 0, 0, 1, 0, 3, 's', 'r', 'c', 0, 0, 0, 0}}, // sarama sticky's
 		"e": {Topics: []string{"src"}, UserData: corrupt},
 	}
