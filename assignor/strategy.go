@@ -36,9 +36,15 @@ type Config struct {
 	Globals map[string]int32
 	// Replicas is the number of standby replicas per changelog partition.
 	Replicas int
-	// AcceptableRecoveryLag (offsets): KIP-441; 0 means 10000.
+	// AcceptableRecoveryLag (offsets) is KIP-441's acceptable.recovery.lag:
+	// a member whose changelog lag for a task is at most this is caught up
+	// and may take its active; 0 means DefaultAcceptableRecoveryLag (10 000),
+	// negative means 0. Used by the leader (Plan) and by CheckWarmups.
 	AcceptableRecoveryLag int64
-	// MaxWarmupReplicas: KIP-441; 0 means 2.
+	// MaxWarmupReplicas is KIP-441's max.warmup.replicas: how many warm-up
+	// replicas one plan may place at most (each a restore on the balanced
+	// target of an active kept on a caught-up member); 0 means
+	// DefaultMaxWarmupReplicas (2).
 	MaxWarmupReplicas int
 	// ProbingRebalanceInterval is KIP-441's probing.rebalance.interval.ms:
 	// how long the leader waits after a plan with warm-ups before it asks for
@@ -66,8 +72,9 @@ type Config struct {
 	// offset. Called from SubscriptionUserData, before every JoinGroup; may be nil.
 	Offsets func() map[string]map[int32]int64
 	// EndOffsets returns the highwaters of the given changelog topics
-	// (topic -> partition count). Called on the leader inside Plan; may be nil
-	// (lag unknown, no warm-ups).
+	// (topic -> partition count). Called on the leader inside Plan, and by
+	// CheckWarmups on a member with warm-ups; may be nil (lag unknown, no
+	// warm-ups).
 	EndOffsets func(topics map[string]int32) map[string]map[int32]int64
 	// OnAssignment is called from sarama's OnAssignment with this member's new
 	// assignment; it must return promptly.
@@ -119,6 +126,9 @@ type Strategy struct {
 	planProbe  bool                      // leader: the last Plan needs a probing rebalance
 	claimed    map[string]int32          // leader: member -> generation claimed in the last Plan's input
 	groupGen   int32                     // highest generation seen from the coordinator (OnAssignment, AssignmentData); -1 none
+	// warmSignalled is the generation for which CheckWarmups last signalled
+	// (-2 never): one follow-up rebalance per generation.
+	warmSignalled int32
 	probeTimer *time.Timer
 }
 
@@ -147,6 +157,8 @@ func NewStrategy(cfg Config) *Strategy {
 		probe:    make(chan struct{}, 1),
 		cur:      Assignment{Generation: -1},
 		groupGen: -1,
+
+		warmSignalled: -2,
 	}
 }
 
