@@ -120,16 +120,16 @@ type Strategy struct {
 	instance uint64
 	probe    chan struct{}
 
-	mu         sync.Mutex // guards the fields below
-	cur        Assignment
-	planned    map[string]assignmentData // leader: member -> data from the last Plan
-	planProbe  bool                      // leader: the last Plan needs a probing rebalance
-	claimed    map[string]int32          // leader: member -> generation claimed in the last Plan's input
-	groupGen   int32                     // highest generation seen from the coordinator (OnAssignment, AssignmentData); -1 none
+	mu        sync.Mutex // guards the fields below
+	cur       Assignment
+	planned   map[string]assignmentData // leader: member -> data from the last Plan
+	planProbe bool                      // leader: the last Plan needs a probing rebalance
+	claimed   map[string]int32          // leader: member -> generation claimed in the last Plan's input
+	groupGen  int32                     // highest generation seen from the coordinator (OnAssignment, AssignmentData); -1 none
 	// warmSignalled is the generation for which CheckWarmups last signalled
 	// (-2 never): one follow-up rebalance per generation.
 	warmSignalled int32
-	probeTimer *time.Timer
+	probeTimer    *time.Timer
 }
 
 var (
