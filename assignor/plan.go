@@ -440,6 +440,18 @@ func (p *planner) claim() {
 	}
 }
 
+// lagging is 1 when the changelog lag is known and member m is not caught up
+// for stateful task t, else 0. Balancing and orphan placement prefer a
+// receiver that is caught up: KIP-441 (lagAware) would keep the active away
+// from a lagging one, and a balanced target that changes from plan to plan
+// never lets the follow-up rebalances converge.
+func (p *planner) lagging(m, t int) int {
+	if p.c.EndOffsets == nil || !p.stateful(t) || p.caughtUp(m, t) {
+		return 0
+	}
+	return 1
+}
+
 // lag is the largest lag of member m over the changelog partitions of task t.
 func (p *planner) lag(m, t int) int64 {
 	g := p.groups[p.taskG[t]]
@@ -613,9 +625,9 @@ func (p *planner) assignPhase(stateful bool) {
 		}
 		gi := p.taskG[t]
 		best := -1
-		var bestKey [4]int
+		var bestKey [5]int
 		for _, m := range p.groups[gi].eligible {
-			key := [4]int{p.load[m], pref[m], kept[m], gcount[gi][m]}
+			key := [5]int{p.load[m], p.lagging(m, t), pref[m], kept[m], gcount[gi][m]}
 			if best < 0 || slices.Compare(key[:], bestKey[:]) < 0 {
 				best, bestKey = m, key
 			}
@@ -704,7 +716,7 @@ func (p *planner) balanceActives(gcount [][]int, inPhase []bool, pref []int) {
 		moved := false
 		for _, r := range lows {
 			bestD, bestT := -1, -1
-			var bestKey [6]int
+			var bestKey [7]int
 			for t, d := range p.active {
 				if d < 0 || !inPhase[t] || p.load[d]-p.load[r] <= 1 || !p.eligible(r, t) {
 					continue
@@ -720,7 +732,7 @@ func (p *planner) balanceActives(gcount [][]int, inPhase []bool, pref []int) {
 				if p.prevOwn[t] == r || p.isHolder(r, t) {
 					noState = 0
 				}
-				key := [6]int{-p.load[d], -pref[d], noState, owned, gcount[gi][r] - gcount[gi][d], t}
+				key := [7]int{-p.load[d], p.lagging(r, t), -pref[d], noState, owned, gcount[gi][r] - gcount[gi][d], t}
 				if bestD < 0 || slices.Compare(key[:], bestKey[:]) < 0 {
 					bestD, bestT, bestKey = d, t, key
 				}
@@ -1007,14 +1019,18 @@ func (p *planner) augmentStandbys(mst [][]int, canTake func(y, t int) bool, move
 }
 
 // lagAware applies KIP-441: an active placed on a member that is not caught up
-// goes to a caught-up member instead (a standby holder swaps roles with the
-// target; otherwise the target gets a warm-up while the budget lasts).
+// goes to a caught-up member instead (the previous owner, then a standby
+// holder, then the least lagging); the target gets a warm-up while the budget
+// (MaxWarmupReplicas) lasts, else, when the caught-up member was a standby
+// holder, the two swap roles. Then the standbys are rebalanced (warm-ups
+// stay where they are).
 func (p *planner) lagAware() bool {
 	if p.c.EndOffsets == nil {
 		return false
 	}
 	budget := p.c.MaxWarmupReplicas
 	probe := false
+	var refill []int // tasks whose standby holder took the active
 	for t := range p.taskG {
 		g := p.groups[p.taskG[t]]
 		if len(g.changelogs) == 0 {
@@ -1050,15 +1066,50 @@ func (p *planner) lagAware() bool {
 		p.active[t] = best
 		p.load[target]--
 		p.load[best]++
-		if i := slices.Index(p.standby[t], best); i >= 0 {
-			p.standby[t][i] = target
-			slices.Sort(p.standby[t])
-			p.sload[best]--
-			p.sload[target]++
-		} else if budget > 0 {
+		i := slices.Index(p.standby[t], best)
+		switch {
+		case budget > 0:
+			// The target warms up. A warm-up is not a standby, so that the
+			// standby rebalance below cannot move it away: a target that
+			// never restores never catches up, and the follow-up plans
+			// would keep the active away from it forever.
 			p.warm[t] = append(p.warm[t], target)
 			budget--
+			if i >= 0 {
+				p.standby[t] = slices.Delete(p.standby[t], i, i+1)
+				p.sload[best]--
+				refill = append(refill, t)
+			}
+		case i >= 0:
+			// No warm-up budget left: swap roles (the target restores as a
+			// standby, which the rebalance may move; the budgeted tasks
+			// make the progress).
+			p.standby[t][i] = target
+			p.sload[best]--
+			p.sload[target]++
 		}
+	}
+	// A caught-up standby holder that took the active leaves its standby
+	// slot: the least-loaded member that holds no role for the task takes
+	// it, else (R' = N-1) the target's warm-up becomes the standby.
+	for _, t := range refill {
+		g := p.groups[p.taskG[t]]
+		best := -1
+		for k := range g.eligible {
+			m := g.eligible[(k+t)%len(g.eligible)]
+			if m == p.active[t] || p.isStandby(m, t) || slices.Contains(p.warm[t], m) {
+				continue
+			}
+			if best < 0 || p.sload[m] < p.sload[best] {
+				best = m
+			}
+		}
+		if best < 0 {
+			best = p.warm[t][len(p.warm[t])-1]
+			p.warm[t] = p.warm[t][:len(p.warm[t])-1]
+		}
+		p.standby[t] = append(p.standby[t], best)
+		p.sload[best]++
 	}
 	if probe {
 		// Role swaps and moved actives change what each member can hold:
