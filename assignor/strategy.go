@@ -126,6 +126,7 @@ type Strategy struct {
 	planProbe bool                      // leader: the last Plan needs a probing rebalance
 	claimed   map[string]int32          // leader: member -> generation claimed in the last Plan's input
 	groupGen  int32                     // highest generation seen from the coordinator (OnAssignment, AssignmentData); -1 none
+	restored  *Assignment               // from Restore: reported by SubscriptionUserData until the first OnAssignment
 	// warmSignalled is the generation for which CheckWarmups last signalled
 	// (-2 never): one follow-up rebalance per generation.
 	warmSignalled int32
@@ -202,6 +203,9 @@ func (s *Strategy) requestProbe() {
 func (s *Strategy) SubscriptionUserData(topics []string) ([]byte, error) {
 	s.mu.Lock()
 	cur := s.cur
+	if cur.Generation == -1 && s.restored != nil {
+		cur = *s.restored
+	}
 	s.mu.Unlock()
 	// Pending actives are reported as actives: the leader keeps them on this
 	// member (they were planned here; their old owner has revoked them).
@@ -422,4 +426,27 @@ func cloneAssignment(a Assignment) Assignment {
 	}
 	a.URLs = urls
 	return a
+}
+
+// Restore seeds the member's previous assignment before its first join, from
+// state the worker persisted in its data dir (the Assignment of its last
+// OnAssignment): SubscriptionUserData then reports its actives, pending
+// actives, standbys and warm-ups with their generation, so that after a
+// restart the member gets its partitions back instead of joining as a
+// newcomer. Current is not affected (the member holds nothing until the group
+// assigns it). Only the first call before any OnAssignment has an effect; it
+// reports whether the state was taken. The leader ranks the claims like any
+// other: an older generation loses to the current owner, a generation above
+// the group's (a data dir of an earlier incarnation of the group) is not
+// trusted (Cluster.Generation).
+func (s *Strategy) Restore(a Assignment) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur.Generation != -1 || a.Generation < 0 || s.restored != nil {
+		return false
+	}
+	a = cloneAssignment(a)
+	a.Leader, a.LeaderID, a.MemberID = false, "", ""
+	s.restored = &a
+	return true
 }

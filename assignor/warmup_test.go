@@ -119,3 +119,29 @@ func TestScaleOutConvergesAsWarmupsCatchUp(t *testing.T) {
 	}
 	t.Logf("converged after %d follow-up rebalances", rounds)
 }
+
+// A restarted member reports its persisted assignment in its first join.
+func TestRestoreReportsPersistedState(t *testing.T) {
+	s := NewStrategy(Config{Changelogs: map[string]int32{"cl": 4}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	prev := Assignment{Generation: 9, Leader: true, MemberID: "old-id",
+		Actives: map[string][]int32{"src": {1}, "cl": {1}}, Pending: map[string][]int32{"src": {2}, "cl": {2}},
+		Standbys: map[string][]int32{"cl": {0}}, Warmups: map[string][]int32{"cl": {3}}}
+	if !s.Restore(prev) || s.Restore(prev) {
+		t.Fatal("Restore must take the first persisted assignment only")
+	}
+	ud, err := s.SubscriptionUserData([]string{"src"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := decodeSubscription(ud)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sub.Generation != 9 || !reflect.DeepEqual(sub.PrevActives, map[string][]int32{"src": {1, 2}, "cl": {1, 2}}) ||
+		!reflect.DeepEqual(sub.PrevStandbys, map[string][]int32{"cl": {0, 3}}) {
+		t.Fatalf("subscription after Restore: %+v", sub)
+	}
+	if c := s.Current(); c.Generation != -1 || len(c.Actives) != 0 {
+		t.Fatalf("Current after Restore: %+v, want nothing assigned yet", c)
+	}
+}
