@@ -84,7 +84,7 @@ var ErrChecksum = fmt.Errorf("%w: checksum mismatch", ErrMalformed)
 
 const (
 	flagProbe      = 1 << 0
-	flagURLsOmited = 1 << 1
+	flagURLsOmitted = 1 << 1
 )
 
 // subscription is the member -> leader user data.
@@ -517,7 +517,7 @@ func encodeAssignment(a assignmentData) []byte {
 		flags |= flagProbe
 	}
 	if a.URLsOmitted {
-		flags |= flagURLsOmited
+		flags |= flagURLsOmitted
 	}
 	e.uvarint(flags)
 	e.topicMap(a.Actives)
@@ -552,7 +552,7 @@ func decodeAssignment(b []byte) (assignmentData, error) {
 	a.Warmups = d.topicMap("warmups")
 	a.Globals = d.topicMap("globals")
 	if v > legacyAssignmentVersion {
-		a.URLsOmitted = flags&flagURLsOmited != 0
+		a.URLsOmitted = flags&flagURLsOmitted != 0
 		a.Pending = d.topicMap("pending")
 		a.URLs = d.urls()
 		d.end(v, assignmentVersion)
