@@ -83,7 +83,7 @@ var ErrForeign = fmt.Errorf("%w: not runnel user data (no magic)", ErrMalformed)
 var ErrChecksum = fmt.Errorf("%w: checksum mismatch", ErrMalformed)
 
 const (
-	flagProbe      = 1 << 0
+	flagProbe       = 1 << 0
 	flagURLsOmitted = 1 << 1
 )
 
