@@ -238,10 +238,10 @@ func (d *decoder) topicMap(what string) map[string][]int32 {
 	return m
 }
 
-// open checks the envelope and returns the version and a decoder over the
+// openEnvelope checks the envelope and returns the version and a decoder over the
 // body. Without the magic it accepts the legacy version byte legacy (a
 // payload of the previous release) or fails with ErrForeign.
-func open(b []byte, legacyMax byte, what string) (byte, *decoder, error) {
+func openEnvelope(b []byte, legacyMax byte, what string) (byte, *decoder, error) {
 	if len(b) == 0 {
 		return 0, nil, fmt.Errorf("decode %s: %w: empty", what, ErrMalformed)
 	}
@@ -312,7 +312,7 @@ func encodeSubscription(s subscription) []byte {
 // versions (2+) and the legacy version 1. Errors wrap ErrMalformed (and
 // ErrForeign or ErrChecksum when that is the reason).
 func decodeSubscription(b []byte) (subscription, error) {
-	v, d, err := open(b, legacySubscriptionVersion, "subscription")
+	v, d, err := openEnvelope(b, legacySubscriptionVersion, "subscription")
 	if err != nil {
 		return subscription{}, err
 	}
@@ -537,7 +537,7 @@ func encodeAssignment(a assignmentData) []byte {
 // versions (3+) and the legacy versions 1 and 2. Errors wrap ErrMalformed
 // (and ErrForeign or ErrChecksum when that is the reason).
 func decodeAssignment(b []byte) (assignmentData, error) {
-	v, d, err := open(b, legacyAssignmentVersion, "assignment")
+	v, d, err := openEnvelope(b, legacyAssignmentVersion, "assignment")
 	if err != nil {
 		return assignmentData{}, err
 	}
