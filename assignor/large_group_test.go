@@ -128,10 +128,12 @@ func TestLargeGroup(t *testing.T) {
 	}
 }
 
-type largeHandler struct{ setup func(sarama.ConsumerGroupSession) }
+type largeHandler struct {
+	setup func(sarama.ConsumerGroupSession)
+}
 
 func (h largeHandler) Setup(s sarama.ConsumerGroupSession) error { h.setup(s); return nil }
-func (largeHandler) Cleanup(sarama.ConsumerGroupSession) error    { return nil }
+func (largeHandler) Cleanup(sarama.ConsumerGroupSession) error   { return nil }
 func (largeHandler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.ConsumerGroupClaim) error {
 	<-s.Context().Done()
 	return nil
