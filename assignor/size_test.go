@@ -184,3 +184,39 @@ func TestURLsFromGroup(t *testing.T) {
 		t.Fatal("mixed generations accepted")
 	}
 }
+
+// MembersFromGroup gives the planner the members' current state: replanning
+// them changes nothing (idempotence through the group description).
+func TestMembersFromGroup(t *testing.T) {
+	leader, members, data := largeGroup(t, 64, 8, 1, 0)
+	desc := &sarama.GroupDescription{GroupId: "g", Members: map[string]*sarama.GroupMemberDescription{}}
+	for id := range members {
+		a, err := decodeAssignment(data[id])
+		if err != nil {
+			t.Fatal(err)
+		}
+		desc.Members[id] = &sarama.GroupMemberDescription{MemberId: id,
+			MemberMetadata:   consumerProtocolSubscription(members[id].Topics, members[id].UserData),
+			MemberAssignment: consumerProtocolAssignment(a.Actives, data[id])}
+	}
+	desc.Members["foreign"] = &sarama.GroupMemberDescription{MemberId: "foreign",
+		MemberMetadata: consumerProtocolSubscription([]string{"internet-scale-app-events"}, []byte{0, 1, 2})}
+	ms, errs, err := MembersFromGroup(desc)
+	if err != nil || len(ms) != 9 || len(errs) != 1 || errs["foreign"] == nil {
+		t.Fatalf("MembersFromGroup: %d members, errs %v, err %v", len(ms), errs, err)
+	}
+	if ms[0].ID != "foreign" || ms[0].URL != "" || ms[0].PrevActives != nil {
+		t.Fatalf("foreign member %+v, want ID and topics only", ms[0])
+	}
+	ms = ms[1:] // sorted first
+	c := Cluster{Members: ms, Topics: map[string]int32{"internet-scale-app-events": 64}, Changelogs: leader.cfg.Changelogs, Replicas: 1}
+	p, err := PlanAssignment(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, d := range leader.planned {
+		if !reflect.DeepEqual(p.Members[id].Actives, d.Actives) || !reflect.DeepEqual(p.Members[id].Standbys, d.Standbys) {
+			t.Fatalf("%s: replanned %v/%v, was %v/%v", id, p.Members[id].Actives, p.Members[id].Standbys, d.Actives, d.Standbys)
+		}
+	}
+}

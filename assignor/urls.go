@@ -81,3 +81,72 @@ func URLsFromGroup(desc *sarama.GroupDescription) (map[string]map[int32]string, 
 	}
 	return urls, gen, nil
 }
+
+// MembersFromGroup rebuilds the planner's input members from a DescribeGroups
+// response of a live group (for `assignment plan --brokers`): each member's
+// ID, subscribed topics, process, URL and local changelog offsets from its
+// JoinGroup metadata, and what it would report at its next join from its
+// current assignment: generation, previous actives (pending included) and
+// previous standbys (warm-ups included). Members are sorted by ID. A member
+// whose user data does not decode is returned without state (ID and topics
+// only); its decoding error is in errs, keyed by member ID. A description
+// error from the broker is returned wrapped.
+func MembersFromGroup(desc *sarama.GroupDescription) (members []Member, errs map[string]error, err error) {
+	if desc == nil {
+		return nil, nil, errors.New("members from group: no description")
+	}
+	if desc.Err != sarama.ErrNoError {
+		return nil, nil, fmt.Errorf("members from group %s: %w", desc.GroupId, desc.Err)
+	}
+	ids := make([]string, 0, len(desc.Members))
+	for id := range desc.Members {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	errs = map[string]error{}
+	for _, id := range ids {
+		d := desc.Members[id]
+		m := Member{ID: id, Generation: -1}
+		meta, err := d.GetMemberMetadata()
+		if err != nil || meta == nil {
+			errs[id] = fmt.Errorf("member %s metadata: %w", id, errors.Join(err, ErrMalformed))
+			members = append(members, m)
+			continue
+		}
+		m.Topics = slices.Clone(meta.Topics)
+		sub, err := decodeSubscription(meta.UserData)
+		if err != nil {
+			errs[id] = fmt.Errorf("member %s: %w", id, err)
+			members = append(members, m)
+			continue
+		}
+		m.ProcessID, m.URL, m.Offsets = sub.ProcessID, sub.URL, sub.Offsets
+		m.Generation, m.PrevActives, m.PrevStandbys = sub.Generation, sub.PrevActives, sub.PrevStandbys
+		if asg, err := d.GetMemberAssignment(); err == nil && asg != nil && len(asg.UserData) > 0 {
+			if a, err := decodeAssignment(asg.UserData); err == nil {
+				m.Generation = a.Generation
+				m.PrevActives = mergeTP(a.Actives, a.Pending)
+				m.PrevStandbys = mergeTP(a.Standbys, a.Warmups)
+			} else {
+				errs[id] = fmt.Errorf("member %s assignment: %w", id, err)
+			}
+		}
+		members = append(members, m)
+	}
+	return members, errs, nil
+}
+
+// mergeTP returns a ∪ b as topic -> sorted, deduplicated partitions.
+func mergeTP(a, b map[string][]int32) map[string][]int32 {
+	out := map[string][]int32{}
+	for _, m := range []map[string][]int32{a, b} {
+		for t, ps := range m {
+			out[t] = append(out[t], ps...)
+		}
+	}
+	for t := range out {
+		slices.Sort(out[t])
+		out[t] = slices.Compact(out[t])
+	}
+	return out
+}
