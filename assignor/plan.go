@@ -2,6 +2,7 @@ package assignor
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -70,6 +71,14 @@ type Cluster struct {
 	// MaxWarmupReplicas is KIP-441's max.warmup.replicas; 0 means
 	// DefaultMaxWarmupReplicas.
 	MaxWarmupReplicas int
+	// Generation is the latest group generation the leader knows of (the
+	// generation of its own last assignment; 0 or less: unknown). A member's
+	// claimed Generation above the bound (the larger of this value and the
+	// highest generation at least two members report) is not trusted: its
+	// previous actives lose every conflicting claim, as from generation -1,
+	// and the member is listed in Plan.Untrusted. A legitimate claim never
+	// exceeds the bound: every member of the last generation reports it.
+	Generation int32
 	// Cooperative plans for the incremental rebalance protocol (KIP-429): a
 	// task whose planned member differs from a member that owns it now is
 	// withheld (MemberPlan.Pending of the planned member, nobody's active) so
@@ -114,6 +123,9 @@ type Plan struct {
 	// because the target is not caught up (KIP-441): the group should rebalance
 	// again after the probing interval.
 	NeedsProbe bool
+	// Untrusted lists, sorted, the members whose claimed generation exceeded
+	// the group's (Cluster.Generation); their claims were ranked lowest.
+	Untrusted []string
 }
 
 // group is a co-partitioned group: topics with the same partition count and
@@ -147,6 +159,8 @@ type planner struct {
 	warm     [][]int
 	withheld []bool
 	caughtUp func(m, t int) bool
+	gen      []int32 // member -> claimed generation, -1 when above the group's bound
+	untrust  []string
 }
 
 // PlanAssignment computes a deterministic, sticky, balanced assignment.
@@ -158,16 +172,21 @@ type planner struct {
 //     co-partitioned group; a changelog joins the first group (by smallest
 //     topic name) with its partition count, or forms its own group over all
 //     members. Each (group, partition) is a task.
-//  2. Every member keeps its previous actives up to ceil(T/N) tasks.
+//  2. Actives in two phases, as Kafka Streams balances stateful and
+//     stateless tasks separately: the stateful tasks alone (floor/ceil of
+//     Ts/N per member), then the stateless ones on top (total floor/ceil of
+//     T/N). In each phase every member keeps its previous actives up to its
+//     ceiling (claims above the group's generation rank lowest).
 //  3. Orphaned tasks go to a member holding local state (standby) with room
-//     (floor, then ceil); every orphan whose previous owner left then goes to
-//     its least-loaded state holder even above capacity (promotion first).
-//  4. Remaining orphans go to the least-loaded eligible member.
-//  5. While max-min load > 1, tasks move from a most-loaded to a least-loaded
-//     member: chains of moves onto state holders first, else one direct move
-//     that takes a promoted orphan only as a last resort.
+//     (floor, then ceil); the others to the least-loaded eligible member.
+//  4. While max-min load > 1, one task moves from a most-loaded to a
+//     least-loaded member, preferring one the receiver holds state for.
+//     Nothing else moves: total moves are the minimum (bench
+//     TestAssignorMoves), and with lag known step 7 keeps an orphan on a
+//     caught-up standby holder instead of restoring it.
 //  6. Standbys per stateful task: keep previous holders (the displaced active
-//     first), fill from the members with fewest standbys, then balance.
+//     first), fill from the members with fewest standbys, then balance to
+//     the narrowest spread the actives allow (again after step 7).
 //  7. KIP-441: an active whose target member lags by more than
 //     AcceptableRecoveryLag stays on (or moves to) a caught-up member, and the
 //     target gets a warm-up (at most MaxWarmupReplicas); NeedsProbe is set.
@@ -349,9 +368,37 @@ func (p *planner) tasksOf(tp map[string][]int32) []int {
 	return slices.Compact(ts)
 }
 
+// bound returns the highest generation a member may legitimately claim: the
+// larger of Cluster.Generation and the highest generation reported by at
+// least two members (every member of the last generation reports it, so a
+// single higher claim is a foreign, corrupt or restored-from-elsewhere
+// record). With neither, there is no bound.
+func (p *planner) bound() int32 {
+	count := map[int32]int{}
+	b := p.c.Generation
+	for _, m := range p.members {
+		if count[m.Generation]++; count[m.Generation] == 2 && m.Generation > b {
+			b = m.Generation
+		}
+	}
+	if b <= 0 {
+		return math.MaxInt32
+	}
+	return b
+}
+
 // claim records previous owners (zombie claims resolved by generation, then
-// ID) and state holders, then lets every owner keep up to ceil(T/N) tasks.
+// ID; a generation above the group's bound ranks as -1) and state holders.
 func (p *planner) claim() {
+	b := p.bound()
+	p.gen = make([]int32, len(p.members))
+	for m, mem := range p.members {
+		p.gen[m] = mem.Generation
+		if mem.Generation > b {
+			p.gen[m] = -1
+			p.untrust = append(p.untrust, mem.ID)
+		}
+	}
 	for m := range p.members {
 		mem := p.members[m]
 		for _, t := range p.tasksOf(mem.PrevActives) {
@@ -359,7 +406,7 @@ func (p *planner) claim() {
 				continue
 			}
 			o := p.prevOwn[t]
-			if o < 0 || p.members[m].Generation > p.members[o].Generation {
+			if o < 0 || p.gen[m] > p.gen[o] {
 				if o >= 0 {
 					p.holders[t] = append(p.holders[t], o)
 				}
@@ -393,6 +440,18 @@ func (p *planner) claim() {
 	}
 }
 
+// lagging is 1 when the changelog lag is known and member m is not caught up
+// for stateful task t, else 0. Balancing and orphan placement prefer a
+// receiver that is caught up: KIP-441 (lagAware) would keep the active away
+// from a lagging one, and a balanced target that changes from plan to plan
+// never lets the follow-up rebalances converge.
+func (p *planner) lagging(m, t int) int {
+	if p.c.EndOffsets == nil || !p.stateful(t) || p.caughtUp(m, t) {
+		return 0
+	}
+	return 1
+}
+
 // lag is the largest lag of member m over the changelog partitions of task t.
 func (p *planner) lag(m, t int) int64 {
 	g := p.groups[p.taskG[t]]
@@ -419,23 +478,53 @@ func (p *planner) isHolder(m, t int) bool {
 	return ok
 }
 
+// stateful reports whether task t belongs to a group with a changelog (its
+// move costs a restore unless the receiver holds a standby).
+func (p *planner) stateful(t int) bool { return len(p.groups[p.taskG[t]].changelogs) > 0 }
+
+// assignActives places the actives in two phases, as Kafka Streams' assignor
+// balances stateful and stateless tasks separately: first the stateful tasks
+// alone (so every member holds floor or ceil of Ts/N of them, which is what
+// makes a within-one standby spread possible, docs/assignment.md), then the
+// stateless tasks on top of them so that the total per member is within
+// floor/ceil of T/N too. Phase 2 never moves a stateful task.
 func (p *planner) assignActives() {
+	p.assignPhase(true)
+	p.assignPhase(false)
+}
+
+// assignPhase places the tasks whose stateful() equals stateful. p.load holds
+// the tasks placed by earlier phases (the base); the targets are floor/ceil
+// of (base + phase tasks) / N.
+func (p *planner) assignPhase(stateful bool) {
 	n := len(p.members)
-	nt := len(p.taskG)
+	inPhase := make([]bool, len(p.taskG))
+	nt := 0
+	for t := range p.taskG {
+		if p.stateful(t) == stateful {
+			inPhase[t] = true
+			nt++
+		}
+	}
 	if n == 0 || nt == 0 {
 		return
 	}
-	capacity := (nt + n - 1) / n
+	total := nt
+	for _, l := range p.load {
+		total += l
+	}
+	capacity := (total + n - 1) / n
 	// 2. Keep previous actives up to capacity. When trimming, drop first the
 	// tasks another member holds state for, then the highest task numbers.
 	owned := make([][]int, n)
 	for t, o := range p.prevOwn {
-		if o >= 0 {
+		if o >= 0 && inPhase[t] {
 			owned[o] = append(owned[o], t)
 		}
 	}
 	for m, ts := range owned {
-		if len(ts) > capacity {
+		room := max(0, capacity-p.load[m])
+		if len(ts) > room {
 			slices.SortStableFunc(ts, func(a, b int) int {
 				ha, hb := len(p.holders[a]) > 0, len(p.holders[b]) > 0
 				if ha != hb {
@@ -446,7 +535,7 @@ func (p *planner) assignActives() {
 				}
 				return a - b
 			})
-			ts = ts[:capacity]
+			ts = ts[:room]
 		}
 		for _, t := range ts {
 			p.active[t] = m
@@ -455,18 +544,23 @@ func (p *planner) assignActives() {
 	}
 	// 3. Promote standbys by augmenting paths (Kuhn's matching with capacities).
 	var orphans []int
-	for t := range nt {
-		if p.active[t] < 0 {
+	for t := range p.taskG {
+		if inPhase[t] && p.active[t] < 0 {
 			orphans = append(orphans, t)
 		}
 	}
 	// Passes: first up to floor(T/N) per member, then up to ceil(T/N) for at
 	// most T mod N members (so the result is balanced without moving a
 	// promoted task again). Kept tasks do not move here: augmenting paths
-	// through them moved many partitions (bench TestAssignorMoves).
-	floor, extra := nt/n, nt%n
-	placedHere := make([]bool, nt) // placed in this pass: free to move again
-	for _, pass := range []struct{ ceil, anyMove bool }{{false, false}, {true, false}} {
+	// through them moved many partitions (bench TestAssignorMoves). An orphan
+	// whose holders are all full goes to the least loaded member (step 4):
+	// one move and a restore, where promoting it above capacity and shedding
+	// another task costs two moves (issue #13: total moves within 5% of the
+	// minimum; restores stay below Sarama sticky's moves, bench
+	// TestAssignorMoves).
+	floor, extra := total/n, total%n
+	placedHere := make([]bool, len(p.taskG)) // placed in this pass: free to move again
+	for _, ceil := range []bool{false, true} {
 		for _, t := range orphans {
 			if p.active[t] >= 0 || len(p.holders[t]) == 0 {
 				continue
@@ -478,7 +572,7 @@ func (p *planner) assignActives() {
 				}
 			}
 			room := func(h int) bool {
-				return p.load[h] < floor || (pass.ceil && p.load[h] == floor && above < extra)
+				return p.load[h] < floor || (ceil && p.load[h] == floor && above < extra)
 			}
 			visited := make([]bool, n)
 			for _, h := range p.holders[t] {
@@ -486,7 +580,7 @@ func (p *planner) assignActives() {
 					continue
 				}
 				visited[h] = true
-				if p.freeSlot(h, room, visited, placedHere, pass.anyMove) {
+				if p.freeSlot(h, room, visited, placedHere) {
 					p.active[t] = h
 					p.load[h]++
 					placedHere[t] = true
@@ -495,25 +589,27 @@ func (p *planner) assignActives() {
 			}
 		}
 	}
-	// 3b. Promotion before balance: an orphan whose previous owner left goes
-	// to its least-loaded state holder even above capacity; balancing then
-	// moves other tasks (step 5 never moves a promoted task to a member
-	// without state while another task can go).
-	for _, t := range orphans {
-		if p.active[t] >= 0 || p.prevOwn[t] >= 0 || len(p.holders[t]) == 0 {
+	// pref ranks members as receivers (low first) and donors (high first):
+	// in the stateful phase, members that owned stateless tasks before take
+	// stateful tasks last and give them first, so that the stateless phase
+	// can leave them their stateless tasks (old members never gain on an
+	// addition, t/meticulous checkAdded).
+	pref := make([]int, n)
+	kept := make([]int, n)
+	for t, o := range p.prevOwn {
+		if o < 0 {
 			continue
 		}
-		best := -1
-		for _, h := range p.holders[t] {
-			if best < 0 || p.load[h] < p.load[best] {
-				best = h
-			}
+		if stateful && !p.stateful(t) {
+			pref[o]++
 		}
-		p.active[t] = best
-		p.load[best]++
+		if p.active[t] == o {
+			kept[o]++
+		}
 	}
-	// 4. Remaining orphans to the least-loaded eligible member, preferring
-	// the one with the fewest tasks of the same group (per-group spread).
+	// 4. Remaining orphans to the least-loaded eligible member, then the
+	// one that keeps the fewest previous actives (a newcomer), then the
+	// fewest tasks of the same group (per-group spread).
 	gcount := make([][]int, len(p.groups))
 	for gi := range gcount {
 		gcount[gi] = make([]int, n)
@@ -528,17 +624,10 @@ func (p *planner) assignActives() {
 			continue
 		}
 		gi := p.taskG[t]
-		stateful := len(p.groups[gi].changelogs) > 0
 		best := -1
-		var bestKey [3]int
+		var bestKey [5]int
 		for _, m := range p.groups[gi].eligible {
-			// Least loaded, then (for a stateful task) the fewest stateful
-			// actives, which keeps standbys balanceable, then the fewest of
-			// this group.
-			key := [3]int{p.load[m], 0, gcount[gi][m]}
-			if stateful {
-				key[1] = p.statefulLoad(m, gcount)
-			}
+			key := [5]int{p.load[m], p.lagging(m, t), pref[m], kept[m], gcount[gi][m]}
 			if best < 0 || slices.Compare(key[:], bestKey[:]) < 0 {
 				best, bestKey = m, key
 			}
@@ -548,18 +637,18 @@ func (p *planner) assignActives() {
 		gcount[gi][best]++
 	}
 	// 5. Balance: move from most- to least-loaded while the gap exceeds one.
-	p.balanceActives(gcount)
+	p.balanceActives(gcount, inPhase, pref)
 }
 
 // freeSlot reports whether member h can take one more task, possibly after
 // moving one of its tasks to that task's own state holder (recursively).
-// Without anyMove only tasks placed in this pass may move.
-func (p *planner) freeSlot(h int, room func(int) bool, visited, movable []bool, anyMove bool) bool {
+// Only tasks placed in this pass (movable) may move.
+func (p *planner) freeSlot(h int, room func(int) bool, visited, movable []bool) bool {
 	if room(h) {
 		return true
 	}
 	for x, m := range p.active {
-		if m != h || (!anyMove && !movable[x]) {
+		if m != h || !movable[x] {
 			continue
 		}
 		for _, h2 := range p.holders[x] {
@@ -567,7 +656,7 @@ func (p *planner) freeSlot(h int, room func(int) bool, visited, movable []bool, 
 				continue
 			}
 			visited[h2] = true
-			if p.freeSlot(h2, room, visited, movable, anyMove) {
+			if p.freeSlot(h2, room, visited, movable) {
 				p.active[x] = h2
 				p.load[h2]++
 				p.load[h]--
@@ -579,74 +668,29 @@ func (p *planner) freeSlot(h int, room func(int) bool, visited, movable []bool, 
 	return false
 }
 
-// maxChain is the longest chain of state-backed moves balanceActives uses to
-// shift one task from a member two above the least loaded one. A longer chain
-// is replaced by one direct move (which may cost the receiver a restore): each
-// move of a chain pauses its task for a rebalance round, and chains of up to
-// 16 moves per shifted task made a removal at P=1024 N=128 R=1 move 131
-// partitions where 8 were orphaned (bench TestAssignorMoves).
-const maxChain = 2
-
-// balanceActives moves tasks until max-min load <= 1. Among the least-loaded
-// members (the fewest kept previous actives first, so that a newcomer receives
-// before an old member) it looks, breadth-first, for the shortest chain
-// r <- x1 <- ... <- d of at most maxChain moves ending at a member d loaded at
-// least two above r, where every step moves a task to a member that holds
-// state for it: only d loses a task and no move costs a restore. Without such
-// a chain one task moves directly from a most-loaded member to the first
-// least-loaded one (preferring tasks the donor did not own before, then the
-// group where the donor has the largest surplus over the receiver).
-func (p *planner) balanceActives(gcount [][]int) {
+// balanceActives moves tasks of the current phase (inPhase) until max-min
+// load <= 1, one task per step, always from a most-loaded member (a donor
+// below the maximum would open a hole that another move must fill: two moves
+// for one) to a least-loaded one (the member keeping the fewest previous
+// actives first, so that a newcomer receives before an old member). Among
+// the candidate tasks it prefers, in order: a donor with many previous
+// stateless tasks (pref, stateful phase: it must shed stateful tasks so that
+// it keeps its stateless ones), a task the receiver holds state for (no
+// restore), a task the donor did not own (cost class 0), then its own or a
+// state-backed one (1), a promoted orphan last (2), and the group where the
+// donor's surplus over the receiver is largest.
+//
+// Earlier versions searched chains of state-backed moves (r <- x1 <- d):
+// each link saves a restore but pauses one more task; with chains of 2 the
+// sequence of bench TestAssignorMoves at P=1024 N=128 R=1 moved 120
+// partitions where 88 is the minimum (issue #13 asks for the minimum + 5%).
+func (p *planner) balanceActives(gcount [][]int, inPhase []bool, pref []int) {
 	n := len(p.members)
-	holds := make([][]int, n) // member -> tasks it holds state for
-	for t, hs := range p.holders {
-		for _, h := range hs {
-			holds[h] = append(holds[h], t)
-		}
-	}
 	kept := make([]int, n) // member -> previous actives it still holds
 	for t, m := range p.active {
-		if p.prevOwn[t] == m {
+		if m >= 0 && p.prevOwn[t] == m {
 			kept[m]++
 		}
-	}
-	parent := make([]int, n) // member -> task it gives up along the chain (-1 root, -2 unvisited)
-	from := make([]int, n)   // member -> the member that takes that task
-	depth := make([]int, n)
-	var touched []int
-	// chain searches breadth-first from r for a donor at least two above r
-	// within limit moves; it returns the donor (-1 none) and leaves the chain
-	// in parent/from.
-	chain := func(r, limit int) int {
-		for _, m := range touched {
-			parent[m] = -2
-		}
-		touched = append(touched[:0], r)
-		parent[r], depth[r] = -1, 0
-		queue := []int{r}
-		for len(queue) > 0 {
-			x := queue[0]
-			queue = queue[1:]
-			if depth[x] == limit {
-				continue
-			}
-			for _, t := range holds[x] {
-				y := p.active[t]
-				if y < 0 || parent[y] != -2 || !p.eligible(x, t) {
-					continue
-				}
-				parent[y], from[y], depth[y] = t, x, depth[x]+1
-				touched = append(touched, y)
-				if p.load[y]-p.load[r] >= 2 {
-					return y
-				}
-				queue = append(queue, y)
-			}
-		}
-		return -1
-	}
-	for i := range parent {
-		parent[i] = -2
 	}
 	var lows []int
 	for {
@@ -663,68 +707,46 @@ func (p *planner) balanceActives(gcount [][]int) {
 				lows = append(lows, m)
 			}
 		}
-		slices.SortStableFunc(lows, func(a, b int) int { return kept[a] - kept[b] })
-		// The shortest chain over all least-loaded receivers (a newcomer's
-		// chain wins ties).
-		bestEnd := -1
-		for limit := 1; limit <= maxChain && bestEnd < 0; limit++ {
-			for _, r := range lows {
-				if bestEnd = chain(r, limit); bestEnd >= 0 {
-					break
+		slices.SortStableFunc(lows, func(a, b int) int {
+			if kept[a] != kept[b] {
+				return kept[a] - kept[b]
+			}
+			return pref[a] - pref[b]
+		})
+		moved := false
+		for _, r := range lows {
+			bestD, bestT := -1, -1
+			var bestKey [7]int
+			for t, d := range p.active {
+				if d < 0 || !inPhase[t] || p.load[d]-p.load[r] <= 1 || !p.eligible(r, t) {
+					continue
+				}
+				gi := p.taskG[t]
+				owned := 0
+				if p.prevOwn[t] < 0 && p.isHolder(d, t) {
+					owned = 2
+				} else if p.prevOwn[t] == d || p.isHolder(d, t) {
+					owned = 1
+				}
+				noState := 1
+				if p.prevOwn[t] == r || p.isHolder(r, t) {
+					noState = 0
+				}
+				key := [7]int{-p.load[d], p.lagging(r, t), -pref[d], noState, owned, gcount[gi][r] - gcount[gi][d], t}
+				if bestD < 0 || slices.Compare(key[:], bestKey[:]) < 0 {
+					bestD, bestT, bestKey = d, t, key
 				}
 			}
-		}
-		if bestEnd >= 0 {
-			// parent/from hold the chain of the receiver the search stopped at.
-			for y := bestEnd; parent[y] != -1; y = from[y] {
-				p.moveActive(parent[y], y, from[y], gcount, kept)
-			}
-			continue
-		}
-		r := lows[0]
-		// Lexicographic preference: most-loaded donor, a task the donor did
-		// not own before, the group where the donor's surplus over r is largest.
-		bestD, bestT := -1, -1
-		var bestKey [4]int
-		for t, d := range p.active {
-			if p.load[d]-p.load[r] <= 1 || !p.eligible(r, t) {
-				continue
-			}
-			gi := p.taskG[t]
-			// Cost class: 0 the donor holds no state for t; 1 its own or
-			// state-backed task; 2 a promoted orphan (its previous owner
-			// left and the donor held its standby): moved last.
-			owned := 0
-			if p.prevOwn[t] < 0 && p.isHolder(d, t) {
-				owned = 2
-			} else if p.prevOwn[t] == d || p.isHolder(d, t) {
-				owned = 1
-			}
-			st := 0
-			if len(p.groups[gi].changelogs) > 0 {
-				st = p.statefulLoad(r, gcount) - p.statefulLoad(d, gcount)
-			}
-			key := [4]int{-p.load[d], owned, st, gcount[gi][r] - gcount[gi][d]}
-			if bestD < 0 || slices.Compare(key[:], bestKey[:]) < 0 {
-				bestD, bestT, bestKey = d, t, key
+			if bestD >= 0 {
+				p.moveActive(bestT, bestD, r, gcount, kept)
+				moved = true
+				break
 			}
 		}
-		if bestD < 0 {
+		if !moved {
 			return // restricted subscriptions: no eligible move
 		}
-		p.moveActive(bestT, bestD, r, gcount, kept)
 	}
-}
-
-// statefulLoad is the number of stateful (changelog-backed) actives of m.
-func (p *planner) statefulLoad(m int, gcount [][]int) int {
-	n := 0
-	for gi := range p.groups {
-		if len(p.groups[gi].changelogs) > 0 {
-			n += gcount[gi][m]
-		}
-	}
-	return n
 }
 
 func (p *planner) moveActive(t, from, to int, gcount [][]int, kept []int) {
@@ -782,15 +804,7 @@ func (p *planner) assignStandbys() {
 	// Fill: fewest standbys, then fewest standbys shared with this task's
 	// active member (spreads a member's replicas so that its failure is
 	// absorbed evenly), then ID rotated by task.
-	pair := make([][]int, n)
-	for i := range pair {
-		pair[i] = make([]int, n)
-	}
-	for t, ss := range p.standby {
-		for _, s := range ss {
-			pair[p.active[t]][s]++
-		}
-	}
+	pair := p.pairs()
 	for t := range p.taskG {
 		g := p.groups[p.taskG[t]]
 		a := p.active[t]
@@ -818,6 +832,20 @@ func (p *planner) assignStandbys() {
 	for t := range p.standby {
 		slices.Sort(p.standby[t])
 	}
+}
+
+// pairs returns active member -> standby member -> number of tasks.
+func (p *planner) pairs() [][]int {
+	pair := make([][]int, len(p.members))
+	for i := range pair {
+		pair[i] = make([]int, len(p.members))
+	}
+	for t, ss := range p.standby {
+		for _, s := range ss {
+			pair[p.active[t]][s]++
+		}
+	}
+	return pair
 }
 
 // balanceStandbys brings the standby counts per member to the narrowest
@@ -856,7 +884,7 @@ func (p *planner) balanceStandbys(pair [][]int) {
 	}
 	// canTake: member y may become a standby of t.
 	canTake := func(y, t int) bool {
-		return y != p.active[t] && !slices.Contains(p.standby[t], y) && p.eligible(y, t)
+		return y != p.active[t] && !slices.Contains(p.standby[t], y) && !slices.Contains(p.warm[t], y) && p.eligible(y, t)
 	}
 	order := make([]int, n)
 	for {
@@ -991,14 +1019,18 @@ func (p *planner) augmentStandbys(mst [][]int, canTake func(y, t int) bool, move
 }
 
 // lagAware applies KIP-441: an active placed on a member that is not caught up
-// goes to a caught-up member instead (a standby holder swaps roles with the
-// target; otherwise the target gets a warm-up while the budget lasts).
+// goes to a caught-up member instead (the previous owner, then a standby
+// holder, then the least lagging); the target gets a warm-up while the budget
+// (MaxWarmupReplicas) lasts, else, when the caught-up member was a standby
+// holder, the two swap roles. Then the standbys are rebalanced (warm-ups
+// stay where they are).
 func (p *planner) lagAware() bool {
 	if p.c.EndOffsets == nil {
 		return false
 	}
 	budget := p.c.MaxWarmupReplicas
 	probe := false
+	var refill []int // tasks whose standby holder took the active
 	for t := range p.taskG {
 		g := p.groups[p.taskG[t]]
 		if len(g.changelogs) == 0 {
@@ -1034,14 +1066,57 @@ func (p *planner) lagAware() bool {
 		p.active[t] = best
 		p.load[target]--
 		p.load[best]++
-		if i := slices.Index(p.standby[t], best); i >= 0 {
-			p.standby[t][i] = target
-			slices.Sort(p.standby[t])
-			p.sload[best]--
-			p.sload[target]++
-		} else if budget > 0 {
+		i := slices.Index(p.standby[t], best)
+		switch {
+		case budget > 0:
+			// The target warms up. A warm-up is not a standby, so that the
+			// standby rebalance below cannot move it away: a target that
+			// never restores never catches up, and the follow-up plans
+			// would keep the active away from it forever.
 			p.warm[t] = append(p.warm[t], target)
 			budget--
+			if i >= 0 {
+				p.standby[t] = slices.Delete(p.standby[t], i, i+1)
+				p.sload[best]--
+				refill = append(refill, t)
+			}
+		case i >= 0:
+			// No warm-up budget left: swap roles (the target restores as a
+			// standby, which the rebalance may move; the budgeted tasks
+			// make the progress).
+			p.standby[t][i] = target
+			p.sload[best]--
+			p.sload[target]++
+		}
+	}
+	// A caught-up standby holder that took the active leaves its standby
+	// slot: the least-loaded member that holds no role for the task takes
+	// it, else (R' = N-1) the target's warm-up becomes the standby.
+	for _, t := range refill {
+		g := p.groups[p.taskG[t]]
+		best := -1
+		for k := range g.eligible {
+			m := g.eligible[(k+t)%len(g.eligible)]
+			if m == p.active[t] || p.isStandby(m, t) || slices.Contains(p.warm[t], m) {
+				continue
+			}
+			if best < 0 || p.sload[m] < p.sload[best] {
+				best = m
+			}
+		}
+		if best < 0 {
+			best = p.warm[t][len(p.warm[t])-1]
+			p.warm[t] = p.warm[t][:len(p.warm[t])-1]
+		}
+		p.standby[t] = append(p.standby[t], best)
+		p.sload[best]++
+	}
+	if probe {
+		// Role swaps and moved actives change what each member can hold:
+		// bring the standbys back to the narrowest spread these actives allow.
+		p.balanceStandbys(p.pairs())
+		for t := range p.standby {
+			slices.Sort(p.standby[t])
 		}
 	}
 	return probe
@@ -1069,7 +1144,7 @@ func addTP(m map[string][]int32, topic string, q int32) {
 }
 
 func (p *planner) output(needsProbe bool) Plan {
-	plan := Plan{Members: make(map[string]MemberPlan, len(p.members)), URLs: map[string]map[int32]string{}, NeedsProbe: needsProbe}
+	plan := Plan{Members: make(map[string]MemberPlan, len(p.members)), URLs: map[string]map[int32]string{}, NeedsProbe: needsProbe, Untrusted: p.untrust}
 	mps := make([]MemberPlan, len(p.members))
 	for i := range mps {
 		mps[i] = MemberPlan{Actives: map[string][]int32{}, Standbys: map[string][]int32{}, Warmups: map[string][]int32{}, Globals: map[string][]int32{}, Pending: map[string][]int32{}}

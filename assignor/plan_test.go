@@ -260,9 +260,11 @@ func TestStandbysBalancedAfterChanges(t *testing.T) {
 	}
 }
 
-// A removal with R=1 moves the orphans to their standby holders and then at
-// most maxChain moves per task above the balanced load (chains of standby
-// holders are capped: uncapped, this removal moved 85 partitions).
+// A removal with R=1 moves exactly the orphans (the minimum; issue #13): an
+// orphan goes to a standby holder when the holder has room under the balanced
+// load, else to a member with room (a restore). With the changelog lag known
+// (KIP-441) every orphan whose target is not caught up stays on a caught-up
+// standby holder instead, the target warms up and the plan asks for a probe.
 func TestRemovalMovesFewTasks(t *testing.T) {
 	c := Cluster{Members: members(128, "a"), Topics: map[string]int32{"a": 1024}, Changelogs: map[string]int32{"cl": 1024}, Replicas: 1}
 	ms := feedBack(c.Members, mustPlan(t, c))
@@ -281,20 +283,43 @@ func TestRemovalMovesFewTasks(t *testing.T) {
 		return o
 	}
 	o1, o2 := owner(p1), owner(p2)
-	orphans, moved := 0, 0
+	orphans, moved, restores := 0, 0, 0
 	for q := range int32(1024) {
 		if o1[q] == "m03" {
 			orphans++
 			if !slices.Contains(p1.Members[o2[q]].Standbys["cl"], q) {
-				t.Errorf("orphan %d went to %s without its standby", q, o2[q])
+				restores++
 			}
 		}
 		if o1[q] != o2[q] {
 			moved++
 		}
 	}
-	if moved > 3*orphans { // 1+maxChain per orphan
-		t.Errorf("moved %d partitions for %d orphans, want <= %d", moved, orphans, 3*orphans)
+	if moved != orphans {
+		t.Errorf("moved %d partitions for %d orphans, want exactly the orphans", moved, orphans)
 	}
-	t.Logf("%d orphans, %d partitions moved", orphans, moved)
+	t.Logf("%d orphans, %d partitions moved, %d to a member without the standby", orphans, moved, restores)
+
+	// Lag known: standby holders caught up, everybody else 50 000 behind.
+	c.EndOffsets = map[string]map[int32]int64{"cl": {}}
+	for q := range int32(1024) {
+		c.EndOffsets["cl"][q] = 50000
+	}
+	for i := range c.Members {
+		m := &c.Members[i]
+		m.Offsets = map[string]map[int32]int64{"cl": {}}
+		for _, q := range p1.Members[m.ID].Standbys["cl"] {
+			m.Offsets["cl"][q] = 49999
+		}
+	}
+	p3 := mustPlan(t, c)
+	o3 := owner(p3)
+	for q := range int32(1024) {
+		if o1[q] == "m03" && !slices.Contains(p1.Members[o3[q]].Standbys["cl"], q) {
+			t.Errorf("with lag known, orphan %d went to %s without its standby", q, o3[q])
+		}
+	}
+	if restores > 0 && !p3.NeedsProbe {
+		t.Error("orphans kept on caught-up holders but no probe requested")
+	}
 }

@@ -3,6 +3,7 @@ package assignor
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -21,6 +22,11 @@ const StrategyName = "runnel"
 // default (10 minutes).
 const DefaultProbingRebalanceInterval = 10 * time.Minute
 
+// DefaultMaxURLMapBytes is the default Config.MaxURLMapBytes: 256 KiB of URL
+// maps over all members' assignments, a quarter of the broker's default
+// message.max.bytes (1 MiB), leaving the rest to the assignments proper.
+const DefaultMaxURLMapBytes = 256 << 10
+
 // Config configures a Strategy. Changelogs, Globals and Replicas must be the
 // same on every member (the leader's values are used).
 type Config struct {
@@ -30,13 +36,29 @@ type Config struct {
 	Globals map[string]int32
 	// Replicas is the number of standby replicas per changelog partition.
 	Replicas int
-	// AcceptableRecoveryLag (offsets): KIP-441; 0 means 10000.
+	// AcceptableRecoveryLag (offsets) is KIP-441's acceptable.recovery.lag:
+	// a member whose changelog lag for a task is at most this is caught up
+	// and may take its active; 0 means DefaultAcceptableRecoveryLag (10 000),
+	// negative means 0. Used by the leader (Plan) and by CheckWarmups.
 	AcceptableRecoveryLag int64
-	// MaxWarmupReplicas: KIP-441; 0 means 2.
+	// MaxWarmupReplicas is KIP-441's max.warmup.replicas: how many warm-up
+	// replicas one plan may place at most (each a restore on the balanced
+	// target of an active kept on a caught-up member); 0 means
+	// DefaultMaxWarmupReplicas (2).
 	MaxWarmupReplicas int
-	// ProbingRebalanceInterval is how long the leader waits after a plan with
-	// warm-ups before it asks for a rebalance; 0 means 10 minutes.
+	// ProbingRebalanceInterval is KIP-441's probing.rebalance.interval.ms:
+	// how long the leader waits after a plan with warm-ups before it asks for
+	// a rebalance (ProbeRequested); 0 means 10 minutes. A warm-up that caught
+	// up earlier triggers the rebalance at once (WarmupsCaughtUp).
 	ProbingRebalanceInterval time.Duration
+	// MaxURLMapBytes bounds what the partition -> URL map may add to the
+	// group's assignments in total (its encoded size times the number of
+	// members): Kafka stores a classic group's assignments in one record of
+	// __consumer_offsets, which must stay below the broker's message.max.bytes
+	// (1 MiB by default). Above the bound the leader leaves the map out
+	// (Assignment.URLsOmitted) and members derive it with URLsFromGroup.
+	// 0 means DefaultMaxURLMapBytes; negative means always leave it out.
+	MaxURLMapBytes int
 	// Protocol is the rebalance protocol the Strategy announces:
 	// sarama.RebalanceProtocolCooperative (incremental, KIP-429: partitions
 	// that do not move keep running; a moving partition is revoked in one
@@ -50,8 +72,9 @@ type Config struct {
 	// offset. Called from SubscriptionUserData, before every JoinGroup; may be nil.
 	Offsets func() map[string]map[int32]int64
 	// EndOffsets returns the highwaters of the given changelog topics
-	// (topic -> partition count). Called on the leader inside Plan; may be nil
-	// (lag unknown, no warm-ups).
+	// (topic -> partition count). Called on the leader inside Plan, and by
+	// CheckWarmups on a member with warm-ups; may be nil (lag unknown, no
+	// warm-ups).
 	EndOffsets func(topics map[string]int32) map[string]map[int32]int64
 	// OnAssignment is called from sarama's OnAssignment with this member's new
 	// assignment; it must return promptly.
@@ -75,7 +98,12 @@ type Assignment struct {
 	// assigns them.
 	Pending map[string][]int32
 	// URLs maps topic -> partition -> URL of the member holding the active.
+	// Empty when URLsOmitted.
 	URLs map[string]map[int32]string
+	// URLsOmitted reports that the leader left the URL map out of the
+	// assignments (it would have exceeded Config.MaxURLMapBytes): fill URLs
+	// from a DescribeGroups response with URLsFromGroup.
+	URLsOmitted bool
 }
 
 // Strategy is Runnel's sarama.BalanceStrategy (also SubscriptionUserData-,
@@ -92,11 +120,17 @@ type Strategy struct {
 	instance uint64
 	probe    chan struct{}
 
-	mu         sync.Mutex // guards the fields below
-	cur        Assignment
-	planned    map[string]assignmentData // leader: member -> data from the last Plan
-	planProbe  bool                      // leader: the last Plan needs a probing rebalance
-	probeTimer *time.Timer
+	mu        sync.Mutex // guards the fields below
+	cur       Assignment
+	planned   map[string]assignmentData // leader: member -> data from the last Plan
+	planProbe bool                      // leader: the last Plan needs a probing rebalance
+	claimed   map[string]int32          // leader: member -> generation claimed in the last Plan's input
+	groupGen  int32                     // highest generation seen from the coordinator (OnAssignment, AssignmentData); -1 none
+	restored  *Assignment               // from Restore: reported by SubscriptionUserData until the first OnAssignment
+	// warmSignalled is the generation for which CheckWarmups last signalled
+	// (-2 never): one follow-up rebalance per generation.
+	warmSignalled int32
+	probeTimer    *time.Timer
 }
 
 var (
@@ -123,6 +157,9 @@ func NewStrategy(cfg Config) *Strategy {
 		instance: binary.LittleEndian.Uint64(b[:]),
 		probe:    make(chan struct{}, 1),
 		cur:      Assignment{Generation: -1},
+		groupGen: -1,
+
+		warmSignalled: -2,
 	}
 }
 
@@ -145,10 +182,20 @@ func (s *Strategy) Current() Assignment {
 	return cloneAssignment(s.cur)
 }
 
-// ProbeRequested delivers a value when this member, as leader, planned
-// warm-ups and the probing interval has passed: the caller should end the
-// group session so that the group rebalances (KIP-441 probing rebalance).
+// ProbeRequested delivers a value when the group should rebalance again: this
+// member, as leader, planned warm-ups and the probing interval has passed
+// (KIP-441 probing rebalance), or it found a member claiming a generation
+// the coordinator has not reached (its claims were trusted in the plan; the
+// follow-up plan bounds them). The caller should end the group session so
+// that the member rejoins.
 func (s *Strategy) ProbeRequested() <-chan struct{} { return s.probe }
+
+func (s *Strategy) requestProbe() {
+	select {
+	case s.probe <- struct{}{}:
+	default:
+	}
+}
 
 // SubscriptionUserData implements sarama.SubscriptionUserDataBalanceStrategy:
 // it reports the previous assignment (warm-ups as standbys) and the local
@@ -156,6 +203,9 @@ func (s *Strategy) ProbeRequested() <-chan struct{} { return s.probe }
 func (s *Strategy) SubscriptionUserData(topics []string) ([]byte, error) {
 	s.mu.Lock()
 	cur := s.cur
+	if cur.Generation == -1 && s.restored != nil {
+		cur = *s.restored
+	}
 	s.mu.Unlock()
 	// Pending actives are reported as actives: the leader keeps them on this
 	// member (they were planned here; their old owner has revoked them).
@@ -198,6 +248,10 @@ func (s *Strategy) Plan(members map[string]sarama.ConsumerGroupMemberMetadata, t
 		MaxWarmupReplicas:     s.cfg.MaxWarmupReplicas,
 		Cooperative:           s.cfg.Protocol == sarama.RebalanceProtocolCooperative,
 	}
+	s.mu.Lock()
+	c.Generation = s.groupGen
+	s.mu.Unlock()
+	claimed := map[string]int32{}
 	for t, ps := range topics {
 		c.Topics[t] = int32(len(ps))
 	}
@@ -219,8 +273,12 @@ func (s *Strategy) Plan(members map[string]sarama.ConsumerGroupMemberMetadata, t
 		if len(meta.UserData) > 0 {
 			sub, err := decodeSubscription(meta.UserData)
 			if err != nil {
-				s.log.Warn("runnel assignor: member state ignored", "member", id, "err", err)
+				// Foreign (another assignor's), corrupt (checksum) or
+				// malformed: planned as a member without state, never half-read.
+				s.log.Warn("runnel assignor: member state ignored", "member", id, "err", err,
+					"foreign", errors.Is(err, ErrForeign), "corrupt", errors.Is(err, ErrChecksum))
 			} else {
+				claimed[id] = sub.Generation
 				m.ProcessID, m.URL, m.Generation = sub.ProcessID, sub.URL, sub.Generation
 				m.PrevActives, m.PrevStandbys, m.Offsets = sub.PrevActives, sub.PrevStandbys, sub.Offsets
 				if sub.Instance == s.instance {
@@ -237,6 +295,22 @@ func (s *Strategy) Plan(members map[string]sarama.ConsumerGroupMemberMetadata, t
 	if err != nil {
 		return nil, fmt.Errorf("runnel assignor plan: %w", err)
 	}
+	for _, id := range plan.Untrusted {
+		s.log.Warn("runnel assignor: member claims a generation above the group's; its claims ranked lowest",
+			"member", id, "claimed", claimed[id], "generation", c.Generation)
+	}
+	// The URL map goes to every member: leave it out when all copies would
+	// exceed the budget (members derive it, URLsFromGroup).
+	budget := s.cfg.MaxURLMapBytes
+	if budget == 0 {
+		budget = DefaultMaxURLMapBytes
+	}
+	ue := &encoder{}
+	ue.urls(plan.URLs)
+	omitURLs := budget < 0 || len(ue.b)*len(ids) > budget
+	if omitURLs {
+		s.log.Debug("runnel assignor: URL map left out of the assignments", "bytes", len(ue.b), "members", len(ids), "budget", budget)
+	}
 	out := make(sarama.BalanceStrategyPlan, len(ids))
 	planned := make(map[string]assignmentData, len(ids))
 	for _, id := range ids {
@@ -251,12 +325,18 @@ func (s *Strategy) Plan(members map[string]sarama.ConsumerGroupMemberMetadata, t
 		planned[id] = assignmentData{
 			MemberID: id, LeaderID: leaderID, Probe: plan.NeedsProbe,
 			Actives: mp.Actives, Standbys: mp.Standbys, Warmups: mp.Warmups, Globals: mp.Globals,
-			URLs: plan.URLs, Pending: mp.Pending,
+			URLs: plan.URLs, Pending: mp.Pending, URLsOmitted: omitURLs,
+		}
+		if omitURLs {
+			d := planned[id]
+			d.URLs = nil
+			planned[id] = d
 		}
 	}
 	s.mu.Lock()
 	s.planned = planned
 	s.planProbe = plan.NeedsProbe
+	s.claimed = claimed
 	s.mu.Unlock()
 	s.log.Debug("runnel assignor planned", "members", len(ids), "probe", plan.NeedsProbe, "withheld", plan.Withheld)
 	return out, nil
@@ -267,9 +347,20 @@ func (s *Strategy) Plan(members map[string]sarama.ConsumerGroupMemberMetadata, t
 func (s *Strategy) AssignmentData(memberID string, topics map[string][]int32, generationID int32) ([]byte, error) {
 	s.mu.Lock()
 	a, ok := s.planned[memberID]
+	// Here the leader learns the generation the plan is for: a legitimate
+	// claim is from an earlier one. A claim at or above it was trusted by
+	// this plan (the leader knew no bound yet); ask for a follow-up plan,
+	// which bounds it by generationID.
+	bogus := ok && s.claimed[memberID] >= generationID
+	s.groupGen = max(s.groupGen, generationID)
 	s.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("runnel assignor: no plan for member %s", memberID)
+	}
+	if bogus {
+		s.log.Warn("runnel assignor: member claimed a generation the group has not reached; requesting a follow-up rebalance",
+			"member", memberID, "generation", generationID)
+		s.requestProbe()
 	}
 	a.Generation = generationID
 	return encodeAssignment(a), nil
@@ -296,22 +387,21 @@ func (s *Strategy) OnAssignment(assignment *sarama.ConsumerGroupMemberAssignment
 			Generation: generationID, MemberID: data.MemberID, LeaderID: data.LeaderID,
 			Leader:  data.LeaderID != "" && data.LeaderID == data.MemberID,
 			Actives: data.Actives, Standbys: data.Standbys, Warmups: data.Warmups, Globals: data.Globals,
-			URLs: data.URLs, Pending: data.Pending,
+			URLs: data.URLs, Pending: data.Pending, URLsOmitted: data.URLsOmitted,
 		}
+	}
+	if a.URLs == nil {
+		a.URLs = map[string]map[int32]string{}
 	}
 	s.mu.Lock()
 	s.cur = a
+	s.groupGen = max(s.groupGen, generationID)
 	if s.probeTimer != nil {
 		s.probeTimer.Stop()
 		s.probeTimer = nil
 	}
 	if a.Leader && s.planProbe {
-		s.probeTimer = time.AfterFunc(s.cfg.ProbingRebalanceInterval, func() {
-			select {
-			case s.probe <- struct{}{}:
-			default:
-			}
-		})
+		s.probeTimer = time.AfterFunc(s.cfg.ProbingRebalanceInterval, s.requestProbe)
 	}
 	s.mu.Unlock()
 	if s.cfg.OnAssignment != nil {
@@ -336,4 +426,27 @@ func cloneAssignment(a Assignment) Assignment {
 	}
 	a.URLs = urls
 	return a
+}
+
+// Restore seeds the member's previous assignment before its first join, from
+// state the worker persisted in its data dir (the Assignment of its last
+// OnAssignment): SubscriptionUserData then reports its actives, pending
+// actives, standbys and warm-ups with their generation, so that after a
+// restart the member gets its partitions back instead of joining as a
+// newcomer. Current is not affected (the member holds nothing until the group
+// assigns it). Only the first call before any OnAssignment has an effect; it
+// reports whether the state was taken. The leader ranks the claims like any
+// other: an older generation loses to the current owner, a generation above
+// the group's (a data dir of an earlier incarnation of the group) is not
+// trusted (Cluster.Generation).
+func (s *Strategy) Restore(a Assignment) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur.Generation != -1 || a.Generation < 0 || s.restored != nil {
+		return false
+	}
+	a = cloneAssignment(a)
+	a.Leader, a.LeaderID, a.MemberID = false, "", ""
+	s.restored = &a
+	return true
 }

@@ -4,43 +4,88 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math"
 	"slices"
 )
 
-// Wire format (docs/assignment.md §Wire format). Both payloads start with a
-// version byte; version 1 is the only one defined. A decoder reads the fields
-// of the versions it knows and ignores the bytes after them when the version is
-// newer than its own (later versions only append fields). A payload of a known
-// version with trailing bytes, a truncated payload, or version 0 is rejected.
+// Wire format (docs/assignment.md §Wire format).
+//
+// Since subscription v2 and assignment v3 every payload is an envelope:
+//
+//	magic "\x00RNL" (4 bytes), version byte, body, CRC-32C (Castagnoli,
+//	big endian) of everything before it
+//
+// The leading zero byte makes a decoder of the previous versions (which read
+// the first byte as the version) reject the payload as version 0 instead of
+// misreading it; the magic lets this decoder tell Runnel data from a foreign
+// assignor's (ErrForeign); the checksum rejects corrupt data before any field
+// is trusted. A decoder reads the fields of the versions it knows and ignores
+// the bytes after them when the version is newer than its own (later versions
+// only append fields); on its own version trailing bytes are an error.
+//
+// The previous versions (no envelope: version byte 1 or 2, then the body) are
+// still decoded, so a rolling upgrade keeps the state of members that run the
+// previous release; drop them once no such release runs.
 //
 //	string   = uvarint length, bytes
 //	parts    = uvarint count, then partitions ascending as uvarint deltas
 //	           (first partition, then each minus the previous minus 1)
 //	topicmap = uvarint count, then (string topic, parts) sorted by topic
 //
-// Subscription v1 (member -> leader, in JoinGroup user data):
+// Subscription v1 (legacy) and v2 body (member -> leader, JoinGroup user data):
 //
-//	version, uvarint instance, string process, string url, varint generation,
+//	uvarint instance, string process, string url, varint generation,
 //	topicmap prevActives, topicmap prevStandbys,
 //	uvarint topics, then (string topic, uvarint count, then (uvarint partition, varint offset)...)
 //
-// Assignment v1 (leader -> member, in SyncGroup user data):
+// Assignment v1/v2 (legacy, leader -> member, SyncGroup user data):
 //
-//	version, varint generation, string memberID, string leaderID, uvarint flags (bit 0: probe),
+//	varint generation, string memberID, string leaderID, uvarint flags (bit 0: probe),
 //	topicmap actives, standbys, warmups, globals,
 //	uvarint urlCount, string url..., uvarint topics,
 //	then (string topic, uvarint partitions, then per partition uvarint (url index + 1, 0 none))
+//	v2 appends: topicmap pending
 //
-// Assignment v2 appends: topicmap pending (actives withheld until the owner
-// revoked them, cooperative protocol).
+// Assignment v3 body (the URL map no longer costs a byte per partition and
+// topic, and may be left out: issue #13, 9.5 MB at P=4096 N=256 with v2):
+//
+//	varint generation, string memberID, string leaderID,
+//	uvarint flags (bit 0: probe, bit 1: URL map left out, see URLsFromGroup),
+//	topicmap actives, standbys, warmups, globals, pending,
+//	uvarint urlCount, string url... (sorted), uvarint sets, then per set of
+//	topics that share one partition -> URL map: uvarint topics, string
+//	topic..., then per URL in table order: parts (the partitions it serves)
 const (
-	subscriptionVersion = 1
-	assignmentVersion   = 2
+	subscriptionVersion = 2
+	assignmentVersion   = 3
+
+	legacySubscriptionVersion = 1
+	legacyAssignmentVersion   = 2
 )
+
+// magic opens every enveloped payload (subscription v2+, assignment v3+).
+var magic = [4]byte{0, 'R', 'N', 'L'}
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
 // ErrMalformed is wrapped by every decoding error of the Runnel user data.
 var ErrMalformed = errors.New("malformed runnel assignor user data")
+
+// ErrForeign is returned (wrapping ErrMalformed) for user data that is neither
+// an enveloped Runnel payload nor one of the previous Runnel versions: most
+// likely another assignor's, from a member of a different application in the
+// same group.
+var ErrForeign = fmt.Errorf("%w: not runnel user data (no magic)", ErrMalformed)
+
+// ErrChecksum is returned (wrapping ErrMalformed) when an enveloped payload's
+// CRC-32C does not match: the data was corrupted and none of it is used.
+var ErrChecksum = fmt.Errorf("%w: checksum mismatch", ErrMalformed)
+
+const (
+	flagProbe       = 1 << 0
+	flagURLsOmitted = 1 << 1
+)
 
 // subscription is the member -> leader user data.
 type subscription struct {
@@ -59,6 +104,10 @@ type assignmentData struct {
 	Actives, Standbys, Warmups, Globals map[string][]int32
 	URLs                                map[string]map[int32]string
 	Pending                             map[string][]int32 // v2
+	// URLsOmitted (v3, flag bit 1): the leader left the URL map out because
+	// the group's assignments would be too large (Config.MaxURLMapBytes);
+	// members derive it from the group description (URLsFromGroup).
+	URLsOmitted bool
 }
 
 type encoder struct{ b []byte }
@@ -189,18 +238,40 @@ func (d *decoder) topicMap(what string) map[string][]int32 {
 	return m
 }
 
-// version reads the version byte; ok is false for an empty payload.
-func (d *decoder) version() byte {
-	if len(d.b) == 0 {
-		d.fail("empty")
-		return 0
+// openEnvelope checks the envelope and returns the version and a decoder over the
+// body. Without the magic it accepts the legacy version byte legacy (a
+// payload of the previous release) or fails with ErrForeign.
+func openEnvelope(b []byte, legacyMax byte, what string) (byte, *decoder, error) {
+	if len(b) == 0 {
+		return 0, nil, fmt.Errorf("decode %s: %w: empty", what, ErrMalformed)
 	}
-	v := d.b[0]
-	d.b = d.b[1:]
-	if v == 0 {
-		d.fail("version 0")
+	if len(b) >= len(magic) && [4]byte(b[:4]) == magic {
+		if len(b) < len(magic)+1+4 {
+			return 0, nil, fmt.Errorf("decode %s: %w: %d bytes, shorter than the envelope", what, ErrMalformed, len(b))
+		}
+		body, sum := b[:len(b)-4], binary.BigEndian.Uint32(b[len(b)-4:])
+		if got := crc32.Checksum(body, crcTable); got != sum {
+			return 0, nil, fmt.Errorf("decode %s: %w (crc32c %08x, trailer %08x)", what, ErrChecksum, got, sum)
+		}
+		v := body[len(magic)]
+		if v <= legacyMax {
+			return 0, nil, fmt.Errorf("decode %s: %w: enveloped version %d", what, ErrMalformed, v)
+		}
+		return v, &decoder{b: body[len(magic)+1:]}, nil
 	}
-	return v
+	if v := b[0]; v >= 1 && v <= legacyMax {
+		return v, &decoder{b: b[1:]}, nil
+	}
+	return 0, nil, fmt.Errorf("decode %s: %w", what, ErrForeign)
+}
+
+// seal wraps a body in the envelope: magic, version, body, CRC-32C.
+func seal(version byte, body []byte) []byte {
+	out := make([]byte, 0, len(magic)+1+len(body)+4)
+	out = append(out, magic[:]...)
+	out = append(out, version)
+	out = append(out, body...)
+	return binary.BigEndian.AppendUint32(out, crc32.Checksum(out, crcTable))
 }
 
 // end rejects trailing bytes after a payload of version known, the newest
@@ -212,7 +283,7 @@ func (d *decoder) end(v, known byte) {
 }
 
 func encodeSubscription(s subscription) []byte {
-	e := &encoder{b: []byte{subscriptionVersion}}
+	e := &encoder{}
 	e.uvarint(s.Instance)
 	e.str(s.ProcessID)
 	e.str(s.URL)
@@ -234,12 +305,17 @@ func encodeSubscription(s subscription) []byte {
 			e.varint(s.Offsets[t][p])
 		}
 	}
-	return e.b
+	return seal(subscriptionVersion, e.b)
 }
 
+// decodeSubscription decodes a member's JoinGroup user data: the enveloped
+// versions (2+) and the legacy version 1. Errors wrap ErrMalformed (and
+// ErrForeign or ErrChecksum when that is the reason).
 func decodeSubscription(b []byte) (subscription, error) {
-	d := &decoder{b: b}
-	v := d.version()
+	v, d, err := openEnvelope(b, legacySubscriptionVersion, "subscription")
+	if err != nil {
+		return subscription{}, err
+	}
 	var s subscription
 	s.Instance = d.uvarint("instance")
 	s.ProcessID = d.str("process")
@@ -269,85 +345,240 @@ func decodeSubscription(b []byte) (subscription, error) {
 		}
 		s.Offsets[t] = m
 	}
-	d.end(v, subscriptionVersion)
+	if v == legacySubscriptionVersion {
+		d.end(v, legacySubscriptionVersion)
+	} else {
+		d.end(v, subscriptionVersion)
+	}
 	if d.err != nil {
-		return subscription{}, fmt.Errorf("decode subscription: %w", d.err)
+		return subscription{}, fmt.Errorf("decode subscription v%d: %w", v, d.err)
 	}
 	return s, nil
 }
 
+// urlTable returns the sorted distinct non-empty URLs of a URL map.
+func urlTable(urls map[string]map[int32]string) []string {
+	var out []string
+	for _, m := range urls {
+		for _, u := range m {
+			if u != "" {
+				out = append(out, u)
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// encodeURLs appends the v3 URL section: the URL table, then the topics
+// grouped by identical partition -> URL maps (co-partitioned topics share
+// one), each group as one partition list per URL.
+func (e *encoder) urls(urls map[string]map[int32]string) {
+	table := urlTable(urls)
+	idx := make(map[string]int, len(table))
+	for i, u := range table {
+		idx[u] = i
+	}
+	e.uvarint(uint64(len(table)))
+	for _, u := range table {
+		e.str(u)
+	}
+	type set struct {
+		topics []string
+		byURL  [][]int32
+	}
+	var sets []*set
+	byKey := map[string]*set{}
+	for _, t := range sortedKeys(urls) {
+		byURL := make([][]int32, len(table))
+		ps := make([]int32, 0, len(urls[t]))
+		for p, u := range urls[t] {
+			if u != "" && p >= 0 {
+				ps = append(ps, p)
+			}
+		}
+		slices.Sort(ps)
+		for _, p := range ps {
+			i := idx[urls[t][p]]
+			byURL[i] = append(byURL[i], p)
+		}
+		key := fmt.Sprint(byURL)
+		if s := byKey[key]; s != nil {
+			s.topics = append(s.topics, t)
+			continue
+		}
+		s := &set{topics: []string{t}, byURL: byURL}
+		byKey[key] = s
+		sets = append(sets, s)
+	}
+	e.uvarint(uint64(len(sets)))
+	for _, s := range sets {
+		e.uvarint(uint64(len(s.topics)))
+		for _, t := range s.topics {
+			e.str(t)
+		}
+		for _, ps := range s.byURL {
+			e.parts(ps)
+		}
+	}
+}
+
+func (e *encoder) parts(ps []int32) {
+	e.uvarint(uint64(len(ps)))
+	prev := int64(-1)
+	for _, p := range ps {
+		e.uvarint(uint64(int64(p) - prev - 1))
+		prev = int64(p)
+	}
+}
+
+func (d *decoder) parts(what string) []int32 {
+	k := d.count(what)
+	if d.err != nil {
+		return nil
+	}
+	ps := make([]int32, 0, k)
+	prev := int64(-1)
+	for range k {
+		p := prev + 1 + int64(d.uvarint(what))
+		if d.err != nil {
+			return nil
+		}
+		if p > math.MaxInt32 || p < 0 {
+			d.fail(what + " out of range")
+			return nil
+		}
+		ps = append(ps, int32(p))
+		prev = p
+	}
+	return ps
+}
+
+func (d *decoder) urls() map[string]map[int32]string {
+	nu := d.count("urls")
+	table := make([]string, 0, nu)
+	for range nu {
+		table = append(table, d.str("url"))
+	}
+	ns := d.count("url sets")
+	out := map[string]map[int32]string{}
+	for range ns {
+		nt := d.count("url set topics")
+		var topics []string
+		for range nt {
+			t := d.str("url topic")
+			if _, dup := out[t]; dup && d.err == nil {
+				d.fail("url map: duplicate topic " + t)
+			}
+			out[t] = nil
+			topics = append(topics, t)
+		}
+		m := map[int32]string{}
+		for _, u := range table {
+			for _, p := range d.parts("url partitions") {
+				if _, dup := m[p]; dup && d.err == nil {
+					d.fail(fmt.Sprintf("url map: partition %d has two URLs", p))
+				}
+				m[p] = u
+			}
+		}
+		if d.err != nil {
+			return nil
+		}
+		for _, t := range topics {
+			out[t] = m
+		}
+	}
+	if d.err != nil {
+		return nil
+	}
+	// Each topic gets its own map (callers may modify one).
+	for t, m := range out {
+		if m == nil {
+			out[t] = map[int32]string{}
+			continue
+		}
+		cp := make(map[int32]string, len(m))
+		for p, u := range m {
+			cp[p] = u
+		}
+		out[t] = cp
+	}
+	return out
+}
+
 func encodeAssignment(a assignmentData) []byte {
-	e := &encoder{b: []byte{assignmentVersion}}
+	e := &encoder{}
 	e.varint(int64(a.Generation))
 	e.str(a.MemberID)
 	e.str(a.LeaderID)
 	var flags uint64
 	if a.Probe {
-		flags |= 1
+		flags |= flagProbe
+	}
+	if a.URLsOmitted {
+		flags |= flagURLsOmitted
 	}
 	e.uvarint(flags)
 	e.topicMap(a.Actives)
 	e.topicMap(a.Standbys)
 	e.topicMap(a.Warmups)
 	e.topicMap(a.Globals)
-	idx := map[string]int{}
-	var urls []string
-	topics := sortedKeys(a.URLs)
-	for _, t := range topics {
-		for _, u := range a.URLs[t] {
-			if _, ok := idx[u]; !ok {
-				idx[u] = 0
-				urls = append(urls, u)
-			}
-		}
-	}
-	slices.Sort(urls)
-	for i, u := range urls {
-		idx[u] = i
-	}
-	e.uvarint(uint64(len(urls)))
-	for _, u := range urls {
-		e.str(u)
-	}
-	e.uvarint(uint64(len(topics)))
-	for _, t := range topics {
-		var n int32
-		for p := range a.URLs[t] {
-			n = max(n, p+1)
-		}
-		e.str(t)
-		e.uvarint(uint64(n))
-		for p := range n {
-			if u, ok := a.URLs[t][p]; ok {
-				e.uvarint(uint64(idx[u] + 1))
-			} else {
-				e.uvarint(0)
-			}
-		}
-	}
 	e.topicMap(a.Pending)
-	return e.b
+	if a.URLsOmitted {
+		e.urls(nil)
+	} else {
+		e.urls(a.URLs)
+	}
+	return seal(assignmentVersion, e.b)
 }
 
+// decodeAssignment decodes a member's SyncGroup user data: the enveloped
+// versions (3+) and the legacy versions 1 and 2. Errors wrap ErrMalformed
+// (and ErrForeign or ErrChecksum when that is the reason).
 func decodeAssignment(b []byte) (assignmentData, error) {
-	d := &decoder{b: b}
-	v := d.version()
+	v, d, err := openEnvelope(b, legacyAssignmentVersion, "assignment")
+	if err != nil {
+		return assignmentData{}, err
+	}
 	var a assignmentData
 	a.Generation = d.int32v("generation")
 	a.MemberID = d.str("member")
 	a.LeaderID = d.str("leader")
-	a.Probe = d.uvarint("flags")&1 != 0
+	flags := d.uvarint("flags")
+	a.Probe = flags&flagProbe != 0
 	a.Actives = d.topicMap("actives")
 	a.Standbys = d.topicMap("standbys")
 	a.Warmups = d.topicMap("warmups")
 	a.Globals = d.topicMap("globals")
+	if v > legacyAssignmentVersion {
+		a.URLsOmitted = flags&flagURLsOmitted != 0
+		a.Pending = d.topicMap("pending")
+		a.URLs = d.urls()
+		d.end(v, assignmentVersion)
+	} else {
+		a.URLs = d.legacyURLs()
+		if v == 2 {
+			a.Pending = d.topicMap("pending")
+		}
+		d.end(v, legacyAssignmentVersion)
+	}
+	if d.err != nil {
+		return assignmentData{}, fmt.Errorf("decode assignment v%d: %w", v, d.err)
+	}
+	return a, nil
+}
+
+// legacyURLs reads the URL map of assignment versions 1 and 2: a URL table,
+// then per topic one URL index (+1, 0 none) per partition.
+func (d *decoder) legacyURLs() map[string]map[int32]string {
 	nu := d.count("urls")
 	urls := make([]string, 0, nu)
 	for range nu {
 		urls = append(urls, d.str("url"))
 	}
 	nt := d.count("url topics")
-	a.URLs = make(map[string]map[int32]string, nt)
+	out := make(map[string]map[int32]string, nt)
 	for range nt {
 		t := d.str("url topic")
 		k := d.count("url partitions")
@@ -367,14 +598,7 @@ func decodeAssignment(b []byte) (assignmentData, error) {
 				m[int32(p)] = urls[i-1]
 			}
 		}
-		a.URLs[t] = m
+		out[t] = m
 	}
-	if v >= 2 {
-		a.Pending = d.topicMap("pending")
-	}
-	d.end(v, assignmentVersion)
-	if d.err != nil {
-		return assignmentData{}, fmt.Errorf("decode assignment: %w", d.err)
-	}
-	return a, nil
+	return out
 }

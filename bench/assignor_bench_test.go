@@ -196,10 +196,13 @@ var changeSteps = []changeStep{{add: 1}, {remove: 1}, {add: 2}, {remove: 2}, {ad
 // TestAssignorMoves compares partitions moved per membership change (after
 // convergence) for Runnel's assignor and Sarama's sticky and
 // cooperative-sticky strategies on one topic of P partitions, starting from N
-// members. Runnel without replicas moves the minimum on every step; with
-// replicas (R=1, 2) every orphan goes to its standby holder, and each task
-// a promotion puts above the balanced load costs at most 1+maxChain moves
-// (assert: at most 3 moves per minimal move).
+// members. Runnel without replicas moves the minimum on every step
+// (asserted); with replicas (R=1, 2) the total stays within the minimum + 5%
+// and the moves to members without a standby (restores) within Sarama
+// sticky's total moves (asserted, issue #13): an orphan goes to a standby
+// holder when the holder has room under the balanced load, else to a member
+// with room (with lag known, KIP-441 keeps it on a caught-up holder and warms
+// the target up instead; not simulated here).
 func TestAssignorMoves(t *testing.T) {
 	for _, sz := range []struct {
 		p int32
@@ -242,16 +245,23 @@ func TestAssignorMoves(t *testing.T) {
 					if moved != least {
 						t.Errorf("P=%d N=%d step %d (%+v): runnel moved %d, minimum %d", sz.p, sz.n, si, st, moved, least)
 					}
-				case "runnel-r1", "runnel-r2":
-					if moved > 3*least {
-						t.Errorf("P=%d N=%d step %d (%+v): %s moved %d, more than 3 x minimum %d", sz.p, sz.n, si, st, kind, moved, least)
-					}
 				}
 				totals[kind] += moved
 				restores[kind] += stateless
 				if testing.Verbose() {
 					t.Logf("P=%d N=%d %s step %d %+v: moved %d (minimum %d, %d to a member without a standby)", sz.p, sz.n, kind, si, st, moved, least, stateless)
 				}
+			}
+		}
+		// Issue #13: with replicas, total moves <= minimum + 5%, and moves to a
+		// member without the partition's standby (a restore) <= Sarama sticky's
+		// total moves (for a stateful app every sticky move is a restore).
+		for _, kind := range []string{"runnel-r1", "runnel-r2"} {
+			if totals[kind]*100 > lower*105 {
+				t.Errorf("P=%d N=%d: %s moved %d, more than the minimum %d + 5%%", sz.p, sz.n, kind, totals[kind], lower)
+			}
+			if restores[kind] > totals["sticky"] {
+				t.Errorf("P=%d N=%d: %s moved %d partitions to members without their standby, sarama sticky moved %d in all", sz.p, sz.n, kind, restores[kind], totals["sticky"])
 			}
 		}
 		t.Logf("P=%d N=%d, %d changes: minimum %d moves; runnel %d, runnel R=1 %d (%d without a standby), runnel R=2 %d (%d without a standby), sarama sticky %d, sarama cooperative-sticky %d",

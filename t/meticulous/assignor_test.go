@@ -1,4 +1,3 @@
-// Package meticulous holds Runnel's property tests.
 package meticulous
 
 import (
@@ -34,11 +33,12 @@ type world struct {
 	replicas   int
 	members    []assignor.Member
 	nextID     int
+	gen        int32 // the group generation of the last applied plan
 	removed    []assignor.Member
 }
 
 func genWorld(t *rapid.T) *world {
-	counts := rapid.SliceOfNDistinct(rapid.Int32Range(0, 256), 1, 3, rapid.ID[int32]).Draw(t, "partitions")
+	counts := rapid.SliceOfNDistinct(rapid.Int32Range(0, 340), 1, 3, rapid.ID[int32]).Draw(t, "partitions")
 	w := &world{topics: map[string]int32{}, changelogs: map[string]int32{}, replicas: rapid.IntRange(0, 8).Draw(t, "replicas")}
 	for g, n := range counts {
 		var ts []string
@@ -57,7 +57,7 @@ func genWorld(t *rapid.T) *world {
 		w.changelog = append(w.changelog, cl)
 		w.groups = append(w.groups, ts)
 	}
-	w.add(rapid.IntRange(1, 64).Draw(t, "members"))
+	w.add(rapid.IntRange(1, 128).Draw(t, "members"))
 	return w
 }
 
@@ -85,8 +85,11 @@ func (w *world) cluster() assignor.Cluster {
 	return assignor.Cluster{Members: slices.Clone(w.members), Topics: w.topics, Changelogs: w.changelogs, Replicas: w.replicas}
 }
 
-// apply makes every member report plan as its previous assignment.
+// apply makes every member report plan as its previous assignment, received
+// in the next group generation (every member of a generation reports the same
+// one, as sarama's OnAssignment generationID).
 func (w *world) apply(plan assignor.Plan) {
+	w.gen++
 	for i := range w.members {
 		mp := plan.Members[w.members[i].ID]
 		w.members[i].PrevActives = mp.Actives
@@ -98,7 +101,7 @@ func (w *world) apply(plan assignor.Plan) {
 			sb[t] = append(sb[t], ps...)
 		}
 		w.members[i].PrevStandbys = sb
-		w.members[i].Generation++
+		w.members[i].Generation = w.gen
 	}
 }
 
@@ -116,6 +119,21 @@ func (w *world) load(p assignor.Plan) map[string]int {
 	for _, m := range w.members {
 		for _, rep := range w.reps {
 			l[m.ID] += len(p.Members[m.ID].Actives[rep])
+		}
+	}
+	return l
+}
+
+// statefulLoad returns the number of stateful active tasks (partitions of
+// groups with a changelog) per member.
+func (w *world) statefulLoad(p assignor.Plan) map[string]int {
+	l := map[string]int{}
+	for _, m := range w.members {
+		l[m.ID] += 0
+		for g, rep := range w.reps {
+			if w.changelog[g] != "" {
+				l[m.ID] += len(p.Members[m.ID].Actives[rep])
+			}
 		}
 	}
 	return l
@@ -211,6 +229,11 @@ func (w *world) checkValid(t *rapid.T, p assignor.Plan) {
 	if hi-lo > 1 {
 		t.Fatalf("actives unbalanced: %d..%d over %d members, %d tasks", lo, hi, n, total)
 	}
+	// Stateful actives are balanced on their own too (issue #13: a survivor
+	// must not keep the stateful tasks while a newcomer gets the stateless).
+	if lo, hi := spread(w.statefulLoad(p)); hi-lo > 1 {
+		t.Fatalf("stateful actives unbalanced: %d..%d over %d members", lo, hi, n)
+	}
 	for _, m := range w.members {
 		sloads[m.ID] += 0
 	}
@@ -266,10 +289,11 @@ func (w *world) standbySpread(p assignor.Plan) int {
 	}
 	caps := make([]int, 0, n)
 	for _, m := range w.members {
+		// A member holds no standby of a task it is active for or warms up.
 		as := 0
 		for _, cl := range w.changelog {
 			if cl != "" {
-				as += len(p.Members[m.ID].Actives[cl])
+				as += len(p.Members[m.ID].Actives[cl]) + len(p.Members[m.ID].Warmups[cl])
 			}
 		}
 		caps = append(caps, ts-as)
@@ -349,6 +373,9 @@ func TestAssignmentProperties(t *testing.T) {
 				c = w.cluster()
 				p = plan(t, c)
 				w.checkValid(t, p)
+				// Its stale claims lose to the current owners: only what it
+				// needs moves, and no old member gains (issue #13).
+				w.checkAdded(t, prev, p, []string{back.ID})
 			default:
 				k := rapid.IntRange(1, min(8, len(w.members)-1)).Draw(t, fmt.Sprintf("remove%d", step))
 				idx := rapid.Permutation(func() []int {
@@ -384,7 +411,29 @@ func (w *world) checkAdded(t *rapid.T, prev []map[int32]string, p assignor.Plan,
 		total += len(now[g])
 		for q, owner := range now[g] {
 			if was := prev[g][q]; was != owner && !slices.Contains(newIDs, owner) {
-				t.Fatalf("group %d partition %d moved %s -> %s (an old member gained)", g, q, was, owner)
+				pl, nl := map[string]int{}, w.load(p)
+				for g2 := range w.groups {
+					for _, o := range prev[g2] {
+						pl[o]++
+					}
+				}
+				for _, m := range w.members {
+					ps, ns := 0, 0
+					for g2 := range w.groups {
+						for _, o := range prev[g2] {
+							if o == m.ID && w.changelog[g2] != "" {
+								ps++
+							}
+						}
+						for _, o := range now[g2] {
+							if o == m.ID && w.changelog[g2] != "" {
+								ns++
+							}
+						}
+					}
+					t.Logf("%s: s %d l %d -> s %d l %d", m.ID, ps, pl[m.ID]-ps, ns, nl[m.ID]-ns)
+				}
+				t.Fatalf("group %d partition %d moved %s (%d->%d) -> %s (%d->%d) (an old member gained)", g, q, was, pl[was], nl[was], owner, pl[owner], nl[owner])
 			}
 		}
 	}
@@ -405,8 +454,8 @@ func (w *world) checkAdded(t *rapid.T, prev []map[int32]string, p assignor.Plan,
 // and there are never more such stateless moves than promotions.
 func (w *world) checkRemoved(t *rapid.T, prev []map[int32]string, prevPlan, p assignor.Plan, gone map[string]bool) {
 	now := w.owners(p)
-	load := w.load(p)
-	promotions, stateless := 0, 0
+	load := w.statefulLoad(p) // orphans checked below are stateful
+	promotions, stateless, survivorMoves, statelessMoves := 0, 0, 0, 0
 	for g := range w.groups {
 		cl := w.changelog[g]
 		for q, was := range prev[g] {
@@ -416,6 +465,11 @@ func (w *world) checkRemoved(t *rapid.T, prev []map[int32]string, prevPlan, p as
 			}
 			hadStandby := cl != "" && slices.Contains(prevPlan.Members[owner].Standbys[cl], q)
 			if !gone[was] {
+				if cl != "" {
+					survivorMoves++
+				} else {
+					statelessMoves++
+				}
 				if !hadStandby {
 					stateless++
 				}
@@ -452,6 +506,16 @@ func (w *world) checkRemoved(t *rapid.T, prev []map[int32]string, prevPlan, p as
 		}
 	}
 	stats.stateless += stateless
+	// A removal moves the orphans and, to keep the totals balanced, at most
+	// one stateless task per promotion (a standby holder that takes an
+	// orphan may have to give up a stateless task); survivors keep every
+	// stateful active.
+	if survivorMoves > 0 {
+		t.Fatalf("%d stateful survivor actives moved; a removal moves only the orphans", survivorMoves)
+	}
+	if statelessMoves > promotions {
+		t.Fatalf("%d stateless survivor actives moved for %d promotions", statelessMoves, promotions)
+	}
 	if stateless > promotions {
 		t.Fatalf("%d survivor actives moved to members without state, only %d promotions", stateless, promotions)
 	}
@@ -467,6 +531,14 @@ func TestLagRule(t *testing.T) {
 		w := genWorld(t)
 		p := plan(t, w.cluster())
 		w.apply(p)
+		// Some members leave for a generation and rejoin with their stale
+		// claims (issue #13: the properties hold with lag and stale rejoins).
+		if k := rapid.IntRange(0, len(w.members)-1).Draw(t, "away"); k > 0 {
+			away := slices.Clone(w.members[:k])
+			w.members = w.members[k:]
+			w.apply(plan(t, w.cluster()))
+			w.members = append(w.members, away...)
+		}
 		w.add(rapid.IntRange(0, 4).Draw(t, "joiners"))
 		const acceptable = 100
 		end := map[string]map[int32]int64{}
@@ -538,6 +610,20 @@ func TestLagRule(t *testing.T) {
 		}
 		if warmups > maxWarm {
 			t.Fatalf("%d warm-ups, max %d", warmups, maxWarm)
+		}
+		// Standbys at the narrowest spread these actives allow, lag or not
+		// (issue #13: 57 of 130 plans with lag were wider).
+		sl := map[string]int{}
+		for _, m := range w.members {
+			sl[m.ID] += 0
+			for _, cl := range w.changelog {
+				if cl != "" {
+					sl[m.ID] += len(p.Members[m.ID].Standbys[cl])
+				}
+			}
+		}
+		if lo, hi := spread(sl); hi-lo != w.standbySpread(p) {
+			t.Fatalf("with lag: standbys spread %d..%d, the narrowest possible is %d", lo, hi, w.standbySpread(p))
 		}
 		if warmups > 0 && !p.NeedsProbe {
 			t.Fatal("warm-ups without NeedsProbe")
@@ -630,11 +716,12 @@ func TestCooperativeTwoPhase(t *testing.T) {
 			}
 			// Generation g+1: members run p1's actives (owners revoked what
 			// they lost) and report pending as previous actives.
+			w.gen++
 			for i := range w.members {
 				mp := p1.Members[w.members[i].ID]
 				w.members[i].PrevActives = union(mp.Actives, mp.Pending)
 				w.members[i].PrevStandbys = union(mp.Standbys, mp.Warmups)
-				w.members[i].Generation++
+				w.members[i].Generation = w.gen
 			}
 			c2 := w.cluster()
 			c2.Cooperative = true

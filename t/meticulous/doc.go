@@ -7,8 +7,8 @@
 //   - every plan is valid: co-partitioned topics move together, each
 //     partition has exactly one active, a changelog partition has
 //     min(replicas, members-1) standbys and never one on its active's member,
-//     actives are balanced within one and standbys as narrowly as the
-//     actives allow;
+//     stateful actives and all actives are each balanced within one per
+//     member, and standbys as narrowly as the actives allow;
 //   - a plan is deterministic (member order does not matter) and idempotent
 //     (re-planning its own output changes nothing);
 //   - a join moves only what the newcomers need; a departure promotes an
@@ -16,6 +16,9 @@
 //     leaves it room (TestAssignmentProperties);
 //   - a stateful active sits on a caught-up member when one exists, warm-ups
 //     are bounded (KIP-441, TestLagRule);
+//   - stale, conflicting or forged claims (a generation above the group's,
+//     foreign or corrupt user data) never win over the most recent owner,
+//     and a rejoin moves no more than the minimum;
 //   - a cooperative plan never gives a member a partition another member
 //     still owns, and its follow-up assigns exactly the eager target (KIP-429,
 //     TestCooperativeTwoPhase).

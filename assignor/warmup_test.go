@@ -1,0 +1,147 @@
+package assignor
+
+import (
+	"io"
+	"log/slog"
+	"reflect"
+	"sync"
+	"testing"
+)
+
+func TestCaughtUpWarmups(t *testing.T) {
+	warm := map[string][]int32{"cl": {1, 4}, "cl2": {0}}
+	end := map[string]map[int32]int64{"cl": {1: 20000, 4: 500}, "cl2": {}}
+	offs := map[string]map[int32]int64{"cl": {1: 5000}}
+	// cl[1]: lag 14 999 > 10 000; cl[4]: nothing applied, lag 500; cl2[0]: highwater unknown.
+	if got := CaughtUpWarmups(warm, offs, end, 0); !reflect.DeepEqual(got, map[string][]int32{"cl": {4}}) {
+		t.Fatalf("caught up %v, want cl[4]", got)
+	}
+	offs["cl"][1] = 9999
+	if got := CaughtUpWarmups(warm, offs, end, 0); !reflect.DeepEqual(got, map[string][]int32{"cl": {1, 4}}) {
+		t.Fatalf("caught up %v, want cl[1,4]", got)
+	}
+	if got := CaughtUpWarmups(warm, offs, end, -1); len(got) != 0 {
+		t.Fatalf("acceptable lag 0: caught up %v", got)
+	}
+}
+
+// A member whose warm-up caught up asks for the follow-up rebalance at once,
+// once per generation.
+func TestCheckWarmupsSignalsOnce(t *testing.T) {
+	var mu sync.Mutex
+	applied := int64(0)
+	s := NewStrategy(Config{
+		Changelogs: map[string]int32{"cl": 4},
+		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Offsets: func() map[string]map[int32]int64 {
+			mu.Lock()
+			defer mu.Unlock()
+			return map[string]map[int32]int64{"cl": {2: applied}}
+		},
+		EndOffsets: func(topics map[string]int32) map[string]map[int32]int64 {
+			if !reflect.DeepEqual(topics, map[string]int32{"cl": 4}) {
+				t.Errorf("EndOffsets(%v)", topics)
+			}
+			return map[string]map[int32]int64{"cl": {2: 50000}}
+		},
+	})
+	s.mu.Lock()
+	s.cur = Assignment{Generation: 3, Warmups: map[string][]int32{"cl": {2}}}
+	s.mu.Unlock()
+	if s.CheckWarmups() {
+		t.Fatal("signalled while 49 999 behind")
+	}
+	mu.Lock()
+	applied = 45000
+	mu.Unlock()
+	if !s.CheckWarmups() {
+		t.Fatal("no signal once caught up")
+	}
+	select {
+	case <-s.ProbeRequested():
+	default:
+		t.Fatal("ProbeRequested not signalled")
+	}
+	if s.CheckWarmups() {
+		t.Fatal("signalled twice in one generation")
+	}
+}
+
+// Scale-out with lag (issue #13): members that join a busy group without
+// state get warm-ups; each time the warm-ups catch up (and the member asks
+// for the follow-up rebalance) the plan moves their actives, until the
+// newcomers hold their fair share and no probe is needed. With at most
+// MaxWarmupReplicas warm-ups per plan this takes about moves/warm-ups rounds.
+func TestScaleOutConvergesAsWarmupsCatchUp(t *testing.T) {
+	const p = 12
+	c := Cluster{Members: members(2, "src"), Topics: map[string]int32{"src": p}, Changelogs: map[string]int32{"cl": p}, Replicas: 1, MaxWarmupReplicas: 2}
+	ms := feedBack(c.Members, mustPlan(t, c))
+	ms = append(ms, Member{ID: "n1", Topics: []string{"src"}, Generation: -1}, Member{ID: "n2", Topics: []string{"src"}, Generation: -1})
+	end := map[string]map[int32]int64{"cl": {}}
+	for q := range int32(p) {
+		end["cl"][q] = 1_000_000
+	}
+	// Old members applied everything they hold; newcomers nothing.
+	for i := range ms {
+		ms[i].Offsets = map[string]map[int32]int64{"cl": {}}
+		for _, tp := range []map[string][]int32{ms[i].PrevActives, ms[i].PrevStandbys} {
+			for _, q := range tp["cl"] {
+				ms[i].Offsets["cl"][q] = 999_999
+			}
+		}
+	}
+	c.EndOffsets = end
+	rounds := 0
+	for ; rounds < 10; rounds++ {
+		c.Members = ms
+		plan := mustPlan(t, c)
+		if !plan.NeedsProbe {
+			for _, id := range []string{"n1", "n2"} {
+				if n := len(plan.Members[id].Actives["src"]); n != p/4 {
+					t.Fatalf("converged with %s holding %d actives, want %d", id, n, p/4)
+				}
+			}
+			break
+		}
+		ms = feedBack(ms, plan)
+		// Every warm-up (and standby) catches up before the follow-up.
+		for i := range ms {
+			mp := plan.Members[ms[i].ID]
+			for _, tp := range []map[string][]int32{mp.Warmups, mp.Standbys, mp.Actives} {
+				for _, q := range tp["cl"] {
+					ms[i].Offsets["cl"][q] = 999_999
+				}
+			}
+		}
+	}
+	if rounds >= 10 {
+		t.Fatal("scale-out did not converge in 10 follow-up rebalances")
+	}
+	t.Logf("converged after %d follow-up rebalances", rounds)
+}
+
+// A restarted member reports its persisted assignment in its first join.
+func TestRestoreReportsPersistedState(t *testing.T) {
+	s := NewStrategy(Config{Changelogs: map[string]int32{"cl": 4}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	prev := Assignment{Generation: 9, Leader: true, MemberID: "old-id",
+		Actives: map[string][]int32{"src": {1}, "cl": {1}}, Pending: map[string][]int32{"src": {2}, "cl": {2}},
+		Standbys: map[string][]int32{"cl": {0}}, Warmups: map[string][]int32{"cl": {3}}}
+	if !s.Restore(prev) || s.Restore(prev) {
+		t.Fatal("Restore must take the first persisted assignment only")
+	}
+	ud, err := s.SubscriptionUserData([]string{"src"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := decodeSubscription(ud)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sub.Generation != 9 || !reflect.DeepEqual(sub.PrevActives, map[string][]int32{"src": {1, 2}, "cl": {1, 2}}) ||
+		!reflect.DeepEqual(sub.PrevStandbys, map[string][]int32{"cl": {0, 3}}) {
+		t.Fatalf("subscription after Restore: %+v", sub)
+	}
+	if c := s.Current(); c.Generation != -1 || len(c.Actives) != 0 {
+		t.Fatalf("Current after Restore: %+v, want nothing assigned yet", c)
+	}
+}

@@ -1,0 +1,56 @@
+package assignor
+
+import "slices"
+
+// The encoders of the previous release (subscription v1, assignment v2, no
+// envelope), kept to test that their payloads still decode during a rolling
+// upgrade.
+
+func encodeSubscriptionV1(s subscription) []byte {
+	b := encodeSubscription(s)
+	return append([]byte{legacySubscriptionVersion}, b[len(magic)+1:len(b)-4]...)
+}
+
+func encodeAssignmentV2(a assignmentData) []byte {
+	e := &encoder{b: []byte{legacyAssignmentVersion}}
+	e.varint(int64(a.Generation))
+	e.str(a.MemberID)
+	e.str(a.LeaderID)
+	var flags uint64
+	if a.Probe {
+		flags |= 1
+	}
+	e.uvarint(flags)
+	e.topicMap(a.Actives)
+	e.topicMap(a.Standbys)
+	e.topicMap(a.Warmups)
+	e.topicMap(a.Globals)
+	idx := map[string]int{}
+	urls := urlTable(a.URLs)
+	for i, u := range urls {
+		idx[u] = i
+	}
+	e.uvarint(uint64(len(urls)))
+	for _, u := range urls {
+		e.str(u)
+	}
+	topics := sortedKeys(a.URLs)
+	e.uvarint(uint64(len(topics)))
+	for _, t := range topics {
+		var n int32
+		for p := range a.URLs[t] {
+			n = max(n, p+1)
+		}
+		e.str(t)
+		e.uvarint(uint64(n))
+		for p := range n {
+			if u, ok := a.URLs[t][p]; ok && u != "" {
+				e.uvarint(uint64(idx[u] + 1))
+			} else {
+				e.uvarint(0)
+			}
+		}
+	}
+	e.topicMap(a.Pending)
+	return slices.Clip(e.b)
+}
