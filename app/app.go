@@ -41,6 +41,21 @@ type Config struct {
 	// default; Kafka Streams uses 30 s under at-least-once). Offsets are also
 	// committed on every revoke and on shutdown.
 	CommitInterval time.Duration
+	// AcceptableRecoveryLag, MaxWarmupReplicas and ProbingRebalanceInterval
+	// are KIP-441's acceptable.recovery.lag (offsets; default 10 000),
+	// max.warmup.replicas (default 2) and probing.rebalance.interval.ms
+	// (default 10 min): an active moves to a member whose changelog lag is
+	// at most the acceptable lag; otherwise a warm-up replica restores on the
+	// target first, and the move follows as soon as it caught up (the worker
+	// checks every second) or at the probing rebalance. WithWarmups.
+	AcceptableRecoveryLag    int64
+	MaxWarmupReplicas        int
+	ProbingRebalanceInterval time.Duration
+	// InstanceID enables static membership (KIP-345): a worker that restarts
+	// with the same ID within the session timeout gets its partitions back
+	// without a rebalance. Each worker needs its own. Env RUNNEL_INSTANCE_ID,
+	// flag --instance-id. Default: none (dynamic membership).
+	InstanceID string
 	// CacheBytes is the size of a table partition's write cache at which its
 	// task runs a cycle before the interval ends; default
 	// table.DefaultCacheBytes (4 MiB).
@@ -70,6 +85,7 @@ type Config struct {
 	devTopic, devKeyField string
 	topicPrefix           string
 	eager                 bool // WithRebalanceProtocol(eager)
+	userLogger            bool // WithLogger: the CLI keeps it unless a log flag is given
 }
 
 // Defaults of Config.Heartbeat and Config.FetchMaxWait.
@@ -90,6 +106,19 @@ func WithDataDir(dir string) Option { return func(c *Config) { c.DataDir = dir }
 // WithCommitInterval sets how often offsets are committed (default 2.8 s).
 func WithCommitInterval(d time.Duration) Option { return func(c *Config) { c.CommitInterval = d } }
 
+// WithWarmups sets KIP-441's acceptable recovery lag (offsets), the maximum
+// of warm-up replicas per plan and the probing rebalance interval (zero keeps
+// a default: 10 000, 2, 10 min).
+func WithWarmups(acceptableLag int64, maxWarmups int, probing time.Duration) Option {
+	return func(c *Config) {
+		c.AcceptableRecoveryLag, c.MaxWarmupReplicas, c.ProbingRebalanceInterval = acceptableLag, maxWarmups, probing
+	}
+}
+
+// WithInstanceID enables static membership (KIP-345) with this worker's
+// group.instance.id; see Config.InstanceID.
+func WithInstanceID(id string) Option { return func(c *Config) { c.InstanceID = id } }
+
 // WithCacheBytes sets the write-cache size per table partition that triggers
 // an early commit cycle (default table.DefaultCacheBytes, 4 MiB).
 func WithCacheBytes(n int) Option { return func(c *Config) { c.CacheBytes = n } }
@@ -98,7 +127,7 @@ func WithCacheBytes(n int) Option { return func(c *Config) { c.CacheBytes = n } 
 func WithReplicas(n int) Option { return func(c *Config) { c.Replicas = n } }
 
 // WithLogger sets the logger.
-func WithLogger(l *slog.Logger) Option { return func(c *Config) { c.Logger = l } }
+func WithLogger(l *slog.Logger) Option { return func(c *Config) { c.Logger, c.userLogger = l, l != nil } }
 
 // WithGroupTimeouts sets the consumer-group session, heartbeat and rebalance
 // timeouts and the fetch max wait (zero keeps a default).
@@ -137,6 +166,9 @@ func New(id string, opts ...Option) *App {
 	}
 	if v := os.Getenv("RUNNEL_HTTP_ADDR"); v != "" {
 		c.HTTPAddr = v
+	}
+	if v := os.Getenv("RUNNEL_INSTANCE_ID"); v != "" {
+		c.InstanceID = v
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))

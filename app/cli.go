@@ -32,7 +32,7 @@ func (a *App) Main() {
 
 // Command returns the app's root cobra command, for embedding in a larger CLI.
 func (a *App) Command() *cobra.Command {
-	var brokers, dataDir, logLevel string
+	var brokers, dataDir, logLevel, logFormat string
 	root := &cobra.Command{
 		Use:           a.id,
 		Short:         fmt.Sprintf("Runnel app %s", a.id),
@@ -49,15 +49,29 @@ func (a *App) Command() *cobra.Command {
 			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
 			}
-			a.cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			// A logger set with WithLogger is kept unless a flag asks for
+			// another level or format.
+			if a.cfg.userLogger && !cmd.Flags().Changed("log-level") && !cmd.Flags().Changed("log-format") {
+				return nil
+			}
+			opts := &slog.HandlerOptions{Level: lvl}
+			switch logFormat {
+			case "text":
+				a.cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, opts))
+			case "json":
+				a.cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, opts))
+			default:
+				return fmt.Errorf("--log-format %q: text or json", logFormat)
+			}
 			return nil
 		},
 	}
 	root.PersistentFlags().StringVar(&brokers, "brokers", "", "bootstrap brokers, comma-separated (env RUNNEL_BROKERS)")
 	root.PersistentFlags().StringVar(&dataDir, "data-dir", "", "directory of the local table stores (env RUNNEL_DATA_DIR)")
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "text or json (slog)")
 
-	var httpAddr string
+	var httpAddr, instanceID string
 	worker := &cobra.Command{
 		Use:   "worker",
 		Short: "Join the consumer group and process records until SIGTERM",
@@ -65,6 +79,9 @@ func (a *App) Command() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if httpAddr != "" {
 				a.cfg.HTTPAddr = httpAddr
+			}
+			if instanceID != "" {
+				a.cfg.InstanceID = instanceID
 			}
 			w, err := a.NewWorker(WorkerOptions{})
 			if err != nil {
@@ -74,6 +91,7 @@ func (a *App) Command() *cobra.Command {
 		},
 	}
 	worker.Flags().StringVar(&httpAddr, "http-addr", "", "serve /healthz, /readyz, /metrics, /api/assignment here (env RUNNEL_HTTP_ADDR)")
+	worker.Flags().StringVar(&instanceID, "instance-id", "", "static group membership (KIP-345): this worker's own stable ID (env RUNNEL_INSTANCE_ID)")
 
 	var do DevOptions
 	var noProgress bool

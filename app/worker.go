@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -372,18 +373,32 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		}
 	}
 	w.strategy = assignor.NewStrategy(assignor.Config{
-		Changelogs:   changelogs,
-		Globals:      w.globalChangelogs(),
-		Replicas:     w.cfg.Replicas,
-		Protocol:     w.cfg.rebalanceProtocol(),
-		ProcessID:    w.procID,
-		URL:          w.cfg.HTTPAddr,
-		Offsets:      w.localOffsets,
-		EndOffsets:   w.endOffsets,
-		OnAssignment: w.onAssignment,
-		Logger:       w.log,
+		Changelogs:               changelogs,
+		Globals:                  w.globalChangelogs(),
+		Replicas:                 w.cfg.Replicas,
+		AcceptableRecoveryLag:    w.cfg.AcceptableRecoveryLag,
+		MaxWarmupReplicas:        w.cfg.MaxWarmupReplicas,
+		ProbingRebalanceInterval: w.cfg.ProbingRebalanceInterval,
+		Protocol:                 w.cfg.rebalanceProtocol(),
+		ProcessID:                w.procID,
+		URL:                      w.cfg.HTTPAddr,
+		Offsets:                  w.localOffsets,
+		EndOffsets:               w.endOffsets,
+		OnAssignment:             w.onAssignment,
+		Logger:                   w.log,
 	})
+	// After a restart, report the assignment this worker last held, so that
+	// a group restarting as a whole gives members their partitions back.
+	if a, ok := w.loadAssignment(); ok && w.strategy.Restore(a) {
+		w.log.Info("reporting the assignment persisted in the data dir", "generation", a.Generation, "actives", fmtParts(a.Actives))
+	}
+	// A warm-up that caught up asks for the follow-up rebalance at once
+	// (KIP-441), instead of waiting for the probing rebalance.
+	go w.strategy.WatchWarmups(ctx, time.Second)
 	sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{w.strategy}
+	if w.cfg.InstanceID != "" {
+		sc.Consumer.Group.InstanceId = w.cfg.InstanceID
+	}
 	group, err := sarama.NewConsumerGroupFromClient(w.app.id, w.client)
 	if err != nil {
 		return fmt.Errorf("join group %s: %w", w.app.id, err)
@@ -495,6 +510,9 @@ func (w *Worker) onAssignment(a assignor.Assignment) {
 	}
 	w.checkGlobals(a)
 	ready := w.parts == nil || w.parts.restoredAll(a)
+	if err := w.saveAssignment(a); err != nil {
+		w.log.Warn("could not persist the assignment in the data dir", "err", err)
+	}
 	w.mu.Lock()
 	w.assignment = a
 	w.ready = ready
@@ -506,6 +524,39 @@ func (w *Worker) onAssignment(a assignor.Assignment) {
 	w.mu.Unlock()
 	w.log.Info("assignment", "generation", a.Generation, "leader", a.Leader,
 		"actives", fmtParts(a.Actives), "standbys", fmtParts(a.Standbys), "warmups", fmtParts(a.Warmups), "pending", fmtParts(a.Pending))
+}
+
+// assignmentFile is where a worker keeps its last assignment (JSON), so that
+// it reports it after a restart (assignor.Strategy.Restore).
+func (w *Worker) assignmentFile() string { return filepath.Join(w.cfg.DataDir, "assignment.json") }
+
+// saveAssignment writes a to the data dir atomically (a temporary file
+// renamed over the last one).
+func (w *Worker) saveAssignment(a assignor.Assignment) error {
+	b, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	tmp := w.assignmentFile() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, w.assignmentFile())
+}
+
+// loadAssignment reads the persisted assignment; ok is false when there is
+// none or it does not decode (logged: the worker then joins as a newcomer).
+func (w *Worker) loadAssignment() (assignor.Assignment, bool) {
+	var a assignor.Assignment
+	b, err := os.ReadFile(w.assignmentFile())
+	if err != nil {
+		return a, false
+	}
+	if err := json.Unmarshal(b, &a); err != nil {
+		w.log.Warn("persisted assignment does not decode; ignored", "file", w.assignmentFile(), "err", err)
+		return a, false
+	}
+	return a, true
 }
 
 func fmtParts(m map[string][]int32) string {
