@@ -127,7 +127,9 @@ func WithCacheBytes(n int) Option { return func(c *Config) { c.CacheBytes = n } 
 func WithReplicas(n int) Option { return func(c *Config) { c.Replicas = n } }
 
 // WithLogger sets the logger.
-func WithLogger(l *slog.Logger) Option { return func(c *Config) { c.Logger, c.userLogger = l, l != nil } }
+func WithLogger(l *slog.Logger) Option {
+	return func(c *Config) { c.Logger, c.userLogger = l, l != nil }
+}
 
 // WithGroupTimeouts sets the consumer-group session, heartbeat and rebalance
 // timeouts and the fetch max wait (zero keeps a default).

@@ -118,7 +118,8 @@ func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []ta
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	tr := &taskRun{t: &task.Task{Partition: k.p, Tables: states, Commit: sess.Commit}, key: k, refs: 1, state: TaskRunning,
+	commit := func(ctx context.Context, offs []task.Offset) error { return ts.w.commitSync(sess, offs) }
+	tr := &taskRun{t: &task.Task{Partition: k.p, Tables: states, Commit: commit}, key: k, refs: 1, state: TaskRunning,
 		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), failed: make(chan struct{})}
 	ts.m[k] = tr
 	ts.w.log.Info("task state", "task", fmt.Sprintf("%d/%d", k.p, k.parts), "partition", k.p, "from", "created", "to", TaskRunning)
@@ -262,4 +263,48 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 			w.log.Debug("commit cycle postponed", "partition", k.p, "err", err)
 		}
 	}
+}
+
+// commitSync commits offs for the group member of sess in one OffsetCommit
+// request to the group coordinator and returns the first partition error
+// (for example ILLEGAL_GENERATION once the member was evicted). Sarama's
+// session commits report errors only asynchronously; a commit cycle must
+// know before it applies to the store. The offsets are also marked in the
+// session (task.Source.Committable), so Sarama's own commits never go back.
+func (w *Worker) commitSync(sess sarama.ConsumerGroupSession, offs []task.Offset) error {
+	coord, err := w.meta.Coordinator(w.app.id)
+	if err != nil {
+		return fmt.Errorf("commit: coordinator of %s: %w", w.app.id, err)
+	}
+	v := w.meta.Config().Version
+	req := &sarama.OffsetCommitRequest{Version: 2, ConsumerGroup: w.app.id, ConsumerID: sess.MemberID(),
+		ConsumerGroupGeneration: sess.GenerationID()}
+	switch {
+	case v.IsAtLeast(sarama.V2_4_0_0):
+		req.Version = 8
+	case v.IsAtLeast(sarama.V2_3_0_0):
+		req.Version = 7
+	case v.IsAtLeast(sarama.V2_1_0_0):
+		req.Version = 6
+	case v.IsAtLeast(sarama.V2_0_0_0):
+		req.Version = 4
+	}
+	if req.Version >= 7 && w.cfg.InstanceID != "" {
+		id := w.cfg.InstanceID
+		req.GroupInstanceId = &id
+	}
+	for _, o := range offs {
+		req.AddBlock(o.Topic, o.Partition, o.Offset, 0, "")
+	}
+	resp, err := coord.CommitOffset(req)
+	if err != nil {
+		_ = coord.Close() // sarama reopens it on the next request
+		return fmt.Errorf("commit: %w", err)
+	}
+	for _, o := range offs {
+		if kerr, ok := resp.Errors[o.Topic][o.Partition]; ok && kerr != sarama.ErrNoError {
+			return fmt.Errorf("commit %s[%d]@%d (generation %d): %w", o.Topic, o.Partition, o.Offset, sess.GenerationID(), kerr)
+		}
+	}
+	return nil
 }

@@ -55,6 +55,13 @@ type Source interface {
 	Committable(boundary int64)
 }
 
+// Offset is a source partition's commit offset.
+type Offset struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+}
+
 // Stats describes one finished cycle.
 type Stats struct {
 	// Records is how many changelog records the cycle wrote (one per dirty
@@ -72,9 +79,13 @@ type Task struct {
 	// Tables are the runtimes of the tables written in this partition
 	// (plain, windowed and global tables).
 	Tables []table.Cutter
-	// Commit commits the group's marked offsets (synchronously); it is
-	// called between the flush and the apply of a cycle that wrote records.
-	Commit func()
+	// Commit commits the sources' offsets (each the offset of the next
+	// record to process) synchronously and reports whether the broker took
+	// them; it is called between the flush and the apply of a cycle that
+	// wrote records. An error abandons the task: the cycle is not applied,
+	// so the store never holds a cycle whose offsets were not committed (a
+	// later cycle's before-images are read from it). Nil: no commit.
+	Commit func(ctx context.Context, offsets []Offset) error
 
 	// cycle holds the one token of running a cycle (a channel, so that a
 	// wait for it can end with a context).
@@ -258,11 +269,19 @@ func (t *Task) Cycle(ctx context.Context, cut time.Duration) (Stats, error) {
 		t.Abandon(fmt.Errorf("flush: %w", err))
 		return st, t.Err() // wraps ErrAbandoned, not ErrStopped
 	}
+	offsets := make([]Offset, len(srcs))
 	for i, s := range srcs {
 		s.Committable(bounds[i])
+		offsets[i] = Offset{Topic: s.Topic(), Partition: s.Partition(), Offset: bounds[i]}
 	}
 	if t.Commit != nil {
-		t.Commit()
+		if err := t.Commit(ctx, offsets); err != nil {
+			for _, f := range flushes {
+				f.Drop()
+			}
+			t.Abandon(fmt.Errorf("commit: %w", err))
+			return st, t.Err()
+		}
 	}
 	for _, f := range flushes {
 		if aerr := f.Apply(); aerr != nil && err == nil {

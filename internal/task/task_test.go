@@ -3,6 +3,7 @@ package task_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -120,6 +121,9 @@ func (l *changelogLog) send(topic string, p int32, key, value []byte, hs []table
 	return nil
 }
 
+// commitFails makes the commit of setup's task fail.
+var commitFails bool
+
 func setup(t *testing.T) (*task.Task, *source, *table.Table[string, int64], event, stores.Store, *changelogLog, *[]string) {
 	t.Helper()
 	st := stores.NewMemory()
@@ -131,10 +135,14 @@ func setup(t *testing.T) (*task.Task, *source, *table.Table[string, int64], even
 	}
 	var order []string
 	src := newSource()
-	tk := &task.Task{Partition: 0, Tables: []table.Cutter{state}, Commit: func() {
+	tk := &task.Task{Partition: 0, Tables: []table.Cutter{state}, Commit: func(_ context.Context, offs []task.Offset) error {
 		// The commit comes after the acks and before the apply.
 		v, _, _ := st.Get(0, []byte("a"))
-		order = append(order, "commit(store a="+string(v)+")")
+		order = append(order, fmt.Sprintf("commit(%v, store a=%s)", offs, v))
+		if commitFails {
+			return errors.New("not the current generation")
+		}
+		return nil
 	}}
 	tk.Add(src)
 	ev := event{env: &table.Env{States: map[string]*table.State{"counts": state}}}
@@ -185,7 +193,7 @@ func TestCycleCutsAtResolvedCommitPoint(t *testing.T) {
 	if len(log.recs) != 2 {
 		t.Fatalf("changelog %v, want one record per key", log.recs)
 	}
-	if want := []string{"commit(store a=)"}; len(*order) != 1 || (*order)[0] != want[0] {
+	if want := []string{"commit([{in 0 4}], store a=)"}; len(*order) != 1 || (*order)[0] != want[0] {
 		t.Fatalf("order %v, want %v (commit before apply)", *order, want)
 	}
 	v, _, _ := st.Get(0, []byte("a"))
@@ -248,5 +256,19 @@ func TestCycleFailures(t *testing.T) {
 	}
 	if v, _, _ := st.Get(0, []byte("a")); string(v) != "2" {
 		t.Fatalf("store a=%q after reset and a new cycle, want 2", v)
+	}
+
+	// A failed commit (an evicted member) abandons the task before the
+	// apply: the store never holds a cycle whose offsets were not committed.
+	commitFails = true
+	defer func() { commitFails = false }()
+	src.hand()
+	inc(t, counts, ev, "a")
+	src.resolve(3)
+	if _, err := tk.Cycle(context.Background(), time.Second); !errors.Is(err, task.ErrAbandoned) {
+		t.Fatalf("cycle with a failed commit: %v, want ErrAbandoned", err)
+	}
+	if v, _, _ := st.Get(0, []byte("a")); string(v) != "2" {
+		t.Fatalf("store a=%q after a failed commit, want 2 (not applied)", v)
 	}
 }
