@@ -94,7 +94,8 @@ var _ Store = (*Pebble)(nil)
 
 // OpenPebble opens (creating if needed) the Pebble store at dir. Errors from
 // Pebble are wrapped with dir; a directory locked by another open store gives
-// an error, not a second instance.
+// a *LockedError (errors.Is ErrLocked) naming the process that holds it, not a
+// second instance.
 func OpenPebble(dir string, opts PebbleOptions) (*Pebble, error) {
 	po := &pebble.Options{
 		Cache:              opts.Cache,
@@ -114,6 +115,9 @@ func OpenPebble(dir string, opts PebbleOptions) (*Pebble, error) {
 	}
 	db, err := pebble.Open(dir, po)
 	if err != nil {
+		if le := lockedError(dir, err); le != nil {
+			return nil, le
+		}
 		return nil, fmt.Errorf("open pebble store %s: %w", dir, err)
 	}
 	p := &Pebble{db: db, dir: dir}
