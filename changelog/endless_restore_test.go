@@ -1,0 +1,125 @@
+package changelog_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/internal/testbroker"
+	"github.com/runnel-dev/runnel/stores"
+)
+
+// produceAbortedTxn writes recs in one transaction and aborts it, so the
+// partition ends with aborted records and an abort marker.
+func (e *env) produceAbortedTxn(topic string, recs ...rec) {
+	e.t.Helper()
+	cfg := testbroker.SaramaConfig(e.t)
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	cfg.Producer.Idempotent = true
+	cfg.Producer.Transaction.ID = testbroker.Topic(e.t, "txn-abort")
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+	cfg.Net.MaxOpenRequests = 1
+	prod, err := sarama.NewSyncProducer(e.brokers, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer prod.Close()
+	if err := prod.BeginTxn(); err != nil {
+		e.t.Fatal(err)
+	}
+	for _, r := range recs {
+		if _, _, err := prod.SendMessage(r.message(topic)); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	if err := prod.AbortTxn(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// readCommittedRestorer is e's restorer reading read_committed, as a restore
+// under exactly-once must (DESIGN.md §6: restore reads read_committed; the
+// target is then the last stable offset).
+func readCommittedRestorer(e *env) *changelog.Restorer {
+	e.t.Helper()
+	cfg := testbroker.SaramaConfig(e.t)
+	cfg.Consumer.Return.Errors = true
+	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
+	client, err := sarama.NewClient(e.brokers, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { consumer.Close(); client.Close() })
+	return &changelog.Restorer{Client: client, Consumer: consumer, BatchSize: 7, IdleProbe: 100 * time.Millisecond}
+}
+
+// The offsets just below the target hold nothing a read_committed reader is
+// given: an aborted transaction (its records and the abort marker) ends the
+// partition. Sarama delivers none of them, so the position stays at the first
+// aborted offset; the idle probe fetches [position, target) read_uncommitted,
+// sees the aborted data records, concludes that data is still to come, and
+// waits again, forever: the partition and /readyz never become ready (#12,
+// "Restore that never ends").
+//
+// This fails on the Restorer of this commit (the restore runs until its
+// 10 s context ends). The fix belongs in changelog.go (see the report of the
+// robustness branch): the probe must judge [position, target) with the
+// reader's isolation (a record of an aborted transaction is not data for
+// read_committed, as KIP-98's AbortedTransactions list in the fetch response
+// says), and a fetch at a position below the target that returns no batch at
+// all, with the highwater at or past the target, must end the restore too
+// (Kafka after compaction removed a trailing marker or tombstone).
+func TestRestoreEndsWhenOnlyAbortedRecordsRemain(t *testing.T) {
+	e := newEnv(t)
+	// Without compaction: kfake's cleaner (1 s tick) drops aborted batches,
+	// which would hide the case.
+	topic := e.topic("cl", map[string]string{"cleanup.policy": "delete"})
+	var committed []rec
+	for i := range 10 {
+		committed = append(committed, rec{key: fmt.Sprintf("k%d", i%5), value: strconv.Itoa(i)})
+	}
+	e.produce(topic, committed...)
+	var aborted []rec
+	for i := range 5 {
+		aborted = append(aborted, rec{key: fmt.Sprintf("k%d", i), value: "aborted"})
+	}
+	e.produceAbortedTxn(topic, aborted...)
+	// 10 records, 5 aborted records, the abort marker; the marker is written
+	// after AbortTxn returns (WriteTxnMarkers), so wait for it.
+	_, end := e.offsets(topic)
+	for deadline := time.Now().Add(10 * time.Second); end != 16 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		_, end = e.offsets(topic)
+	}
+	if end != 16 {
+		t.Fatalf("highwater %d, want 16 (10 records, 5 aborted, the abort marker)", end)
+	}
+
+	r := readCommittedRestorer(e)
+	st := stores.NewMemory()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	res, err := r.Restore(ctx, topic, 0, st)
+	if err != nil {
+		t.Fatalf("restore did not end after %v: %v (result %+v)", time.Since(start).Round(time.Millisecond), err, res)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("restore took %v; it should end by the idle probe", el)
+	}
+	if res.Records != 10 || res.To != 16 {
+		t.Fatalf("result %+v, want the 10 committed records, target 16", res)
+	}
+	wantMap(t, dump(t, st), map[string]string{"k0": "5", "k1": "6", "k2": "7", "k3": "8", "k4": "9"})
+	if off, _ := st.Offset(0); off < 9 {
+		t.Fatalf("checkpoint %d, want at least 9 (the last committed record)", off)
+	}
+}
