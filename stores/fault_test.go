@@ -64,22 +64,28 @@ func wantFailedEverywhere(t *testing.T, s *Pebble, failure error) {
 		"Offset": offErr, "Marks": marksErr, "Partitions": partsErr, "Sync": s.Sync(),
 		"Iterate": s.Iterate(0, func(k, v []byte) error { return nil }), "DropPartition": s.DropPartition(0),
 	} {
-		if err != failure { //nolint:errorlint // the very same error value
+		if err != failure {
 			t.Errorf("%s after the failure = %v, want the failure %v", name, err, failure)
 		}
 	}
-	if s.Err() != failure { //nolint:errorlint
+	if s.Err() != failure {
 		t.Errorf("Err() = %v, want the failure", s.Err())
 	}
 }
 
 // A full disk (a 20 MiB tmpfs) is an error, not a panic: the Apply or Sync
 // that meets ENOSPC returns ErrFailed wrapping ENOSPC, every later call
-// returns the same error, Close returns it, and once there is space again the
-// reopened store holds exactly the batches up to some offset at or after the
-// last Sync. Before, the worker died with "panic: write .../000005.log: no
-// space left on device". Needs root (mount); skipped otherwise.
+// returns the same error and Close returns it. The process that met the
+// fault then exits, as a worker does; once there is space again, the store
+// reopened by a new process holds exactly the batches up to some offset at
+// or after the last Sync. Before, the worker died with "panic: write
+// .../000005.log: no space left on device". Needs root (mount); skipped
+// otherwise.
 func TestPebbleDiskFull(t *testing.T) {
+	if os.Getenv(fillEnv) != "" {
+		fillChild(t)
+		return
+	}
 	if testing.Short() {
 		t.Skip("mounts a tmpfs and fills it")
 	}
@@ -91,6 +97,12 @@ func TestPebbleDiskFull(t *testing.T) {
 	}
 }
 
+// fillEnv, when set to "dir,memtable", turns TestPebbleDiskFull into the
+// child that fills the store at dir until the disk is full.
+const fillEnv = "RUNNEL_STORES_FILL"
+
+const fillSize = 64 << 10
+
 func diskFull(t *testing.T, memTable uint64) {
 	mnt := filepath.Join(t.TempDir(), "mnt")
 	must(t, os.Mkdir(mnt, 0o755))
@@ -99,15 +111,57 @@ func diskFull(t *testing.T, memTable uint64) {
 	}
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
 	dir := filepath.Join(mnt, "store")
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPebbleDiskFull$", "-test.count=1", "-test.v", "-test.timeout=60s")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%d", fillEnv, dir, memTable))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("fill child: %v\n%s", err, out)
+	}
+	var applied, synced int64
+	i := bytes.Index(out, []byte("RESULT "))
+	if i < 0 {
+		t.Fatalf("fill child printed no result:\n%s", out)
+	}
+	if _, err := fmt.Sscanf(string(out[i:]), "RESULT %d %d", &applied, &synced); err != nil {
+		t.Fatalf("fill child result: %v\n%s", err, out)
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "fault_test.go") {
+			t.Log("child:", strings.TrimSpace(l))
+		}
+	}
+
+	// Space returns: a new process reopens the store with exact data.
+	if out, err := exec.Command("mount", "-o", "remount,size=400m", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("remount: %v: %s", err, out)
+	}
+	s, err := OpenPebble(dir, PebbleOptions{MemTableSize: memTable})
+	if err != nil {
+		t.Fatalf("reopen once there is space: %v", err)
+	}
+	defer s.Close()
+	checkFaultState(t, s, synced, applied)
+	off, _ := s.Offset(0)
+	t.Logf("reopened at offset %d (applied %d, synced %d)", off, applied, synced)
+	must(t, s.Apply(0, faultBatch(off+1, fillSize)))
+	must(t, s.Sync())
+}
+
+// fillChild fills the store until the disk is full, checks the failure, and
+// prints "RESULT applied synced".
+func fillChild(t *testing.T) {
+	var dir string
+	var memTable uint64
+	if _, err := fmt.Sscanf(strings.Replace(os.Getenv(fillEnv), ",", " ", 1), "%s %d", &dir, &memTable); err != nil {
+		t.Fatalf("%s: %v", fillEnv, err)
+	}
 	s, err := OpenPebble(dir, PebbleOptions{MemTableSize: memTable})
 	must(t, err)
-	t.Cleanup(func() { s.Close() })
-
-	const size = 64 << 10
 	var applied, synced int64 = -1, -1
 	var failure error
 	for n := int64(0); n < 2000 && failure == nil; n++ { // 2000*64 KiB = 125 MiB > 20 MiB
-		if failure = s.Apply(0, faultBatch(n, size)); failure == nil {
+		if failure = s.Apply(0, faultBatch(n, fillSize)); failure == nil {
 			applied = n
 			if n%10 == 9 {
 				if failure = s.Sync(); failure == nil {
@@ -131,20 +185,21 @@ func diskFull(t *testing.T, memTable uint64) {
 	if d := time.Since(start); d > 2*failedCloseWait {
 		t.Fatalf("Close took %v", d)
 	}
-
-	// Space returns: the store reopens with exact data.
-	if out, err := exec.Command("mount", "-o", "remount,size=400m", mnt).CombinedOutput(); err != nil {
-		t.Fatalf("remount: %v: %s", err, out)
+	// Reopening in this process, with the disk still full, either works
+	// (nothing to replay) or fails with ErrFailed within failedCloseWait: the
+	// store could not be released (its WAL write panicked holding Pebble's
+	// commit lock; the error says to restart), or Pebble's open met the full
+	// disk again (it would wait for ever for the flush of the replayed log).
+	start = time.Now()
+	if s2, err := OpenPebble(dir, PebbleOptions{MemTableSize: memTable}); err == nil {
+		t.Log("reopened in the same process")
+		s2.Close()
+	} else if !errors.Is(err, ErrFailed) {
+		t.Fatalf("reopen in the same process: %v; want ErrFailed", err)
+	} else {
+		t.Logf("reopen in the same process (%v): %v", time.Since(start).Round(time.Millisecond), err)
 	}
-	s2, err := OpenPebble(dir, PebbleOptions{MemTableSize: memTable})
-	if err != nil {
-		t.Fatalf("reopen once there is space: %v", err)
-	}
-	defer s2.Close()
-	checkFaultState(t, s2, synced, applied)
-	t.Logf("reopened at offset %d", must1(s2.Offset(0)))
-	must(t, s2.Apply(0, faultBatch(applied+1, size)))
-	must(t, s2.Sync())
+	fmt.Printf("RESULT %d %d\n", applied, synced)
 }
 
 // An I/O error (EIO) on the write-ahead log, injected with pebble's errorfs,
@@ -228,5 +283,3 @@ func TestPebbleCorruptStore(t *testing.T) {
 	}
 	t.Logf("reads of a corrupt store: %v", errors.Join(errs...))
 }
-
-func must1[T any](v T, _ error) T { return v }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log"
 	"math"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -102,6 +103,8 @@ type Pebble struct {
 	// failed is the first fatal error Pebble raised (see fail); once set,
 	// guarded by mu, it never changes and every method returns it.
 	failed error
+	// failedCh is closed when failed is set.
+	failedCh chan struct{}
 }
 
 var _ Store = (*Pebble)(nil)
@@ -148,9 +151,38 @@ func OpenPebble(dir string, opts PebbleOptions) (*Pebble, error) {
 			}
 		},
 	}
-	db, err := openPebble(dir, po)
+	p.failedCh = make(chan struct{})
+	opened := make(chan openResult, 1)
+	go func() {
+		db, err := openPebble(dir, po)
+		opened <- openResult{db, err}
+	}()
+	var r openResult
+	select {
+	case r = <-opened:
+	case <-p.failedCh:
+		// A fatal error while opening: Pebble may wait for ever (Open waits
+		// for the flush of the replayed log, which a full disk fails again
+		// and again). Give it failedCloseWait, then leave it behind.
+		select {
+		case r = <-opened:
+		case <-time.After(failedCloseWait):
+			abandon(dir, p.Err())
+			go func() { // close it if Pebble ever finishes opening
+				if r := <-opened; r.db != nil {
+					p.db = r.db
+					_ = p.closeFailed()
+				}
+			}()
+			return nil, fmt.Errorf("open pebble store %s: %w", dir, p.Err())
+		}
+	}
+	db, err := r.db, r.err
 	if err != nil {
 		if le := lockedError(dir, err); le != nil {
+			if f := abandonedFailure(dir); le.Self && f != nil {
+				return nil, fmt.Errorf("open pebble store %s: it failed earlier in this process and Pebble could not release it; restart the process to recover it: %w", dir, f)
+			}
 			return nil, le
 		}
 		return nil, fmt.Errorf("open pebble store %s: %w", dir, err)
@@ -161,6 +193,11 @@ func OpenPebble(dir string, opts PebbleOptions) (*Pebble, error) {
 		return nil, errors.Join(fmt.Errorf("open pebble store %s: %w", dir, err), p.closeFailed())
 	}
 	return p, nil
+}
+
+type openResult struct {
+	db  *pebble.DB
+	err error
 }
 
 // openPebble is pebble.Open with its panics (a corrupt or unwritable store)
@@ -262,6 +299,7 @@ func (p *Pebble) fail(err error) {
 func (p *Pebble) failLocked(err error) {
 	if p.failed == nil {
 		p.failed = fmt.Errorf("%w: %s: %w", ErrFailed, p.dir, err)
+		close(p.failedCh)
 	}
 }
 
@@ -676,8 +714,40 @@ func (p *Pebble) closeFailed() error {
 	case err := <-done:
 		return err
 	case <-time.After(failedCloseWait):
-		return fmt.Errorf("close %s: pebble did not close within %v after its failure; its files stay open until the process exits", p.dir, failedCloseWait)
+		abandon(p.dir, p.Err())
+		return fmt.Errorf("close %s: pebble did not close within %v after its failure (a panic left its commit pipeline locked); its files and lock stay held until the process exits", p.dir, failedCloseWait)
 	}
+}
+
+// abandoned maps the directories of failed stores whose Pebble could not be
+// closed to their failure: reopening one in this process is impossible (the
+// lock is held by the abandoned instance), and OpenPebble says why.
+var abandoned struct {
+	sync.Mutex
+	dirs map[string]error
+}
+
+func abandon(dir string, failure error) {
+	abandoned.Lock()
+	defer abandoned.Unlock()
+	if abandoned.dirs == nil {
+		abandoned.dirs = map[string]error{}
+	}
+	abandoned.dirs[absDir(dir)] = failure
+}
+
+// abandonedFailure returns the failure of an abandoned store at dir, or nil.
+func abandonedFailure(dir string) error {
+	abandoned.Lock()
+	defer abandoned.Unlock()
+	return abandoned.dirs[absDir(dir)]
+}
+
+func absDir(dir string) string {
+	if a, err := filepath.Abs(dir); err == nil {
+		return a
+	}
+	return filepath.Clean(dir)
 }
 
 func wrapErr(op string, err error) error {
