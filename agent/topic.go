@@ -53,6 +53,15 @@ func (t *Topic[K, V]) KeyCodec() string { return t.kc.Name() }
 // ValueCodec names the value codec.
 func (t *Topic[K, V]) ValueCodec() string { return t.vc.Name() }
 
+// CheckValue returns the value codec's error for b, nil when b decodes: what
+// `send` asks of every line before it produces anything.
+func (t *Topic[K, V]) CheckValue(b []byte) error {
+	if _, err := t.vc.Decode(b); err != nil {
+		return fmt.Errorf("value codec %s: %w", t.vc.Name(), err)
+	}
+	return nil
+}
+
 // Codecs returns the key and value codecs.
 func (t *Topic[K, V]) Codecs() (codec.Codec[K], codec.Codec[V]) { return t.kc, t.vc }
 

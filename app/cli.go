@@ -193,10 +193,16 @@ func (a *App) Command() *cobra.Command {
 	tables.AddCommand(dump)
 
 	var sendTopic, sendKey string
+	var sendFrom int
 	send := &cobra.Command{
 		Use:   "send FILE",
 		Short: "Produce a JSONL file (.gz allowed, - for stdin) to a topic, one record a line",
-		Args:  cobra.ExactArgs(1),
+		Long: `Produce a JSONL file (.gz allowed, - for stdin) to a topic, one record a line.
+The whole file is validated first (JSON objects, the key field, the topic's value
+codec, a complete gzip stream): a bad file sends nothing. If producing fails
+halfway, the error says how many records were sent and the line to resume from
+with --from-line.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			g, err := a.Topology()
 			if err != nil {
@@ -209,11 +215,6 @@ func (a *App) Command() *cobra.Command {
 			if !ok {
 				return fmt.Errorf("--topic %q is not declared by the app", sendTopic)
 			}
-			in, err := OpenInput(args[0])
-			if err != nil {
-				return err
-			}
-			defer in.Close()
 			brokers, err := resolveBrokers(a.cfg.Brokers)
 			if err != nil {
 				return err
@@ -224,13 +225,18 @@ func (a *App) Command() *cobra.Command {
 				return err
 			}
 			defer client.Close()
-			st, err := SendLines(cmd.Context(), client, t.Name, t.Partitions, sendKey, in, nil)
+			st, err := SendInput(cmd.Context(), client, args[0], SendOptions{Topic: t.Name, Partitions: t.Partitions,
+				KeyField: sendKey, FromLine: sendFrom, CheckValue: a.valueCheck(t.Name)})
+			if err != nil {
+				return fmt.Errorf("send to %s: %w", t.Name, err)
+			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "sent %d records to %s\n", st.Records, t.Name)
-			return err
+			return nil
 		},
 	}
 	send.Flags().StringVar(&sendTopic, "topic", "", "destination topic (default: the app's dev input topic)")
 	send.Flags().StringVar(&sendKey, "key-field", "", "JSON string field used as the record key")
+	send.Flags().IntVar(&sendFrom, "from-line", 0, "produce only from this line on (1-based; the resume line of a failed send); earlier lines are still validated")
 
 	root.AddCommand(worker, dev, describe, tables, send, a.assignmentCommand())
 	return root

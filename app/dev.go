@@ -44,7 +44,8 @@ type DevOptions struct {
 	Timeout time.Duration
 	// Out receives the report (stdout); logs go to the app's logger.
 	Out io.Writer
-	// Progress, if set, is told the bytes of Input loaded so far and its size.
+	// Progress, if set, is told the bytes of Input loaded so far and their total
+	// (uncompressed; the input is validated before loading starts).
 	Progress func(loaded, total int64)
 	// Inspect, if set, is called with the running workers once the group's lag
 	// is 0, before they stop (tests look at assignments and stores here).
@@ -265,45 +266,27 @@ func (a *App) tableNames() []string {
 }
 
 func (a *App) loadInput(ctx context.Context, client sarama.Client, o DevOptions, partitions int32) error {
-	in, err := OpenInput(o.Input)
-	if err != nil {
-		return fmt.Errorf("--input: %w", err)
-	}
-	defer in.Close()
-	var total int64
-	if fi, err := os.Stat(o.Input); err == nil {
-		total = fi.Size()
-	}
 	start := time.Now()
-	var progress func(int64)
-	if o.Progress != nil {
-		cr := &countingReader{r: in}
-		progress = func(int64) { o.Progress(cr.n, total) }
-		in = struct {
-			io.Reader
-			io.Closer
-		}{cr, in}
-	}
-	st, err := SendLines(ctx, client, o.InputTopic, partitions, o.KeyField, in, progress)
+	so := SendOptions{Topic: o.InputTopic, Partitions: partitions, KeyField: o.KeyField,
+		CheckValue: a.valueCheck(o.InputTopic), Progress: o.Progress}
+	st, err := SendInput(ctx, client, o.Input, so)
 	if err != nil {
-		return fmt.Errorf("load %s into %s: %w", o.Input, o.InputTopic, err)
+		return fmt.Errorf("--input: load into %s: %w", o.InputTopic, err)
 	}
 	if o.Progress != nil {
-		o.Progress(total, total)
+		o.Progress(st.Bytes, st.Bytes)
 	}
 	a.cfg.Logger.Info("input loaded", "topic", o.InputTopic, "records", st.Records, "elapsed", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
-type countingReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
+// valueCheck returns the value check of a declared topic for SendOptions, or
+// nil when the topic has none.
+func (a *App) valueCheck(topic string) func([]byte) error {
+	if c, ok := a.topics[topic].(interface{ CheckValue([]byte) error }); ok {
+		return c.CheckValue
+	}
+	return nil
 }
 
 // GroupLag returns, per topic and partition, the highwater minus the group's

@@ -1,9 +1,11 @@
 package codec
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"strconv"
 )
 
@@ -18,16 +20,31 @@ type Codec[T any] interface {
 
 type jsonCodec[T any] struct{}
 
-// JSON returns a codec that encodes T with encoding/json.
+// JSON returns a codec that encodes T with encoding/json. Decode refuses the
+// JSON literal null unless T is a pointer, map, slice or interface type (whose
+// nil Encode writes as null): encoding/json would decode it to T's zero value,
+// an empty event that no producer of T meant to send.
 func JSON[T any]() Codec[T] { return jsonCodec[T]{} }
 
 func (jsonCodec[T]) Encode(v T) ([]byte, error) { return json.Marshal(v) }
 func (jsonCodec[T]) Decode(b []byte) (T, error) {
 	var v T
+	if bytes.Equal(bytes.TrimSpace(b), []byte("null")) && !nullable[T]() {
+		return v, fmt.Errorf("codec json: null is not a value of %T", v)
+	}
 	if err := json.Unmarshal(b, &v); err != nil {
 		return v, fmt.Errorf("codec json: %w", err)
 	}
 	return v, nil
+}
+
+// nullable reports whether encoding/json writes some value of T as null.
+func nullable[T any]() bool {
+	switch reflect.TypeFor[T]().Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Interface:
+		return true
+	}
+	return false
 }
 func (jsonCodec[T]) Name() string { return "json" }
 

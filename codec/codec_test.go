@@ -36,6 +36,20 @@ func TestBadInputIsAnError(t *testing.T) {
 	if _, err := JSON[map[string]int]().Decode([]byte("{")); err == nil {
 		t.Fatal("truncated json decoded without error")
 	}
+	// null decodes only where Encode can write it: a struct, string or number
+	// would come out as its zero value, an event nobody sent.
+	if v, err := JSON[struct{ Actor string }]().Decode([]byte(" null\n")); err == nil {
+		t.Fatalf("null decoded as a struct: %+v", v)
+	}
+	if _, err := JSON[string]().Decode([]byte("null")); err == nil {
+		t.Fatal("null decoded as a string")
+	}
+	if v, err := JSON[*struct{ Actor string }]().Decode([]byte("null")); err != nil || v != nil {
+		t.Fatalf("null as a pointer = %v, %v; want nil, no error", v, err)
+	}
+	if v, err := JSON[map[string]int]().Decode([]byte("null")); err != nil || v != nil {
+		t.Fatalf("null as a map = %v, %v; want nil, no error", v, err)
+	}
 	if _, err := Int64().Decode([]byte{1, 2, 3}); err == nil {
 		t.Fatal("3 bytes decoded as int64")
 	}

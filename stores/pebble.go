@@ -1,15 +1,22 @@
 package stores
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"log"
 	"math"
+	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // Key layout of a Pebble store (one Pebble instance per table per worker):
@@ -62,7 +69,12 @@ type PebbleOptions struct {
 	MemTableSize uint64
 	// Logger receives Pebble's log lines; default drops informational lines
 	// (flushes, compactions) and sends errors to the standard log package.
+	// Its Fatalf is never called: the store turns Pebble's fatal errors into
+	// ErrFailed (see Pebble).
 	Logger pebble.Logger
+	// FS is the filesystem Pebble uses; default the operating system's
+	// (vfs.Default). Tests inject faults with pebble's vfs/errorfs.
+	FS vfs.FS
 }
 
 // Pebble is a Store on one Pebble database at a directory. Each partition's
@@ -88,13 +100,19 @@ type Pebble struct {
 	idle   *sync.Cond
 	closed bool
 	active int
+	// failed is the first fatal error Pebble raised (see fail); once set,
+	// guarded by mu, it never changes and every method returns it.
+	failed error
+	// failedCh is closed when failed is set.
+	failedCh chan struct{}
 }
 
 var _ Store = (*Pebble)(nil)
 
 // OpenPebble opens (creating if needed) the Pebble store at dir. Errors from
 // Pebble are wrapped with dir; a directory locked by another open store gives
-// an error, not a second instance.
+// a *LockedError (errors.Is ErrLocked) naming the process that holds it, not a
+// second instance.
 func OpenPebble(dir string, opts PebbleOptions) (*Pebble, error) {
 	po := &pebble.Options{
 		Cache:              opts.Cache,
@@ -112,22 +130,98 @@ func OpenPebble(dir string, opts PebbleOptions) (*Pebble, error) {
 	if po.Logger == nil {
 		po.Logger = quietLogger{}
 	}
-	db, err := pebble.Open(dir, po)
+	if opts.FS != nil {
+		po.FS = opts.FS
+	}
+	p := &Pebble{dir: dir}
+	p.idle = sync.NewCond(&p.mu)
+	logger := po.Logger
+	po.Logger = fatalLogger{Logger: logger, p: p}
+	po.EventListener = &pebble.EventListener{
+		// Pebble's default calls Fatalf, from a compaction goroutine too.
+		DataCorruption: func(info pebble.DataCorruptionInfo) {
+			p.fail(fmt.Errorf("on-disk corruption in %s: %w", info.Path, info.Details))
+		},
+		// A flush or compaction that cannot write is retried by Pebble, but
+		// with a full or failing disk every write after it fails as well.
+		BackgroundError: func(err error) {
+			logger.Errorf("background error: %v", err)
+			if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EIO) {
+				p.fail(fmt.Errorf("background write: %w", err))
+			}
+		},
+	}
+	p.failedCh = make(chan struct{})
+	opened := make(chan openResult, 1)
+	go func() {
+		db, err := openPebble(dir, po)
+		opened <- openResult{db, err}
+	}()
+	var r openResult
+	select {
+	case r = <-opened:
+	case <-p.failedCh:
+		// A fatal error while opening: Pebble may wait for ever (Open waits
+		// for the flush of the replayed log, which a full disk fails again
+		// and again). Give it failedCloseWait, then leave it behind.
+		select {
+		case r = <-opened:
+		case <-time.After(failedCloseWait):
+			abandon(dir, p.Err())
+			go func() { // close it if Pebble ever finishes opening
+				if r := <-opened; r.db != nil {
+					p.db = r.db
+					_ = p.closeFailed()
+				}
+			}()
+			return nil, fmt.Errorf("open pebble store %s: %w", dir, p.Err())
+		}
+	}
+	db, err := r.db, r.err
 	if err != nil {
+		if le := lockedError(dir, err); le != nil {
+			if f := abandonedFailure(dir); le.Self && f != nil {
+				return nil, fmt.Errorf("open pebble store %s: it failed earlier in this process and Pebble could not release it; restart the process to recover it: %w", dir, f)
+			}
+			return nil, le
+		}
 		return nil, fmt.Errorf("open pebble store %s: %w", dir, err)
 	}
-	p := &Pebble{db: db, dir: dir}
-	p.idle = sync.NewCond(&p.mu)
+	p.db = db
+	if err := p.Err(); err != nil { // raised while Pebble opened (replay, compaction)
+		p.closed = true
+		return nil, errors.Join(fmt.Errorf("open pebble store %s: %w", dir, err), p.closeFailed())
+	}
 	return p, nil
+}
+
+type openResult struct {
+	db  *pebble.DB
+	err error
+}
+
+// openPebble is pebble.Open with its panics (a corrupt or unwritable store)
+// returned as errors.
+func openPebble(dir string, po *pebble.Options) (db *pebble.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = panicError(r)
+		}
+	}()
+	return pebble.Open(dir, po)
 }
 
 // Dir returns the directory the store was opened at.
 func (p *Pebble) Dir() string { return p.dir }
 
-// enter registers a running call, or returns ErrClosed.
+// enter registers a running call, or returns the store's failure or
+// ErrClosed.
 func (p *Pebble) enter() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.failed != nil {
+		return p.failed
+	}
 	if p.closed {
 		return ErrClosed
 	}
@@ -135,25 +229,179 @@ func (p *Pebble) enter() error {
 	return nil
 }
 
-// leave ends a call registered by enter.
-func (p *Pebble) leave() {
+// enter2 returns what enter would, without registering a call.
+func (p *Pebble) enter2() error {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failed != nil {
+		return p.failed
+	}
+	if p.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// callUser calls an Iterate callback; a panic in it is wrapped in userPanic
+// so that leave passes it on instead of failing the store.
+func callUser(fn func(key, value []byte) error, k, v []byte) error {
+	defer func() {
+		if r := recover(); r != nil {
+			panic(userPanic{r})
+		}
+	}()
+	return fn(k, v)
+}
+
+// leave ends a call registered by enter. Deferred by every method, it also
+// turns a panic raised by Pebble during the call (a failed WAL write panics
+// in the committing goroutine; fatalLogger panics with a fatalPanic) into the
+// store's failure: *err is set to it, and every later call returns it.
+func (p *Pebble) leave(err *error) {
+	r := recover()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if r != nil {
+		if up, ok := r.(userPanic); ok {
+			p.leaveLocked()
+			panic(up.v) // from an Iterate callback, not from Pebble
+		}
+		p.failLocked(panicError(r))
+		*err = p.failed
+	}
+	p.leaveLocked()
+}
+
+func (p *Pebble) leaveLocked() {
 	p.active--
 	if p.active == 0 && p.closed {
 		p.idle.Broadcast()
 	}
+}
+
+// ErrFailed is returned (wrapped, with Pebble's error) by every method of a
+// Pebble store once Pebble raised a fatal error: a write to the write-ahead
+// log or the MANIFEST failed (ENOSPC, EIO) or corruption was found. Pebble
+// cannot continue after those (its commit pipeline is left broken), so the
+// store stays failed; Close releases what it can. Reopening the directory,
+// once the cause is fixed, recovers every batch Pebble acknowledged before
+// the failure up to the last Sync (and in practice all of them).
+var ErrFailed = errors.New("stores: store failed")
+
+// fail records the store's failure; the first one wins.
+func (p *Pebble) fail(err error) {
+	p.mu.Lock()
+	p.failLocked(err)
 	p.mu.Unlock()
 }
 
+// failLocked records the store's failure; the first one wins. Requires mu.
+func (p *Pebble) failLocked(err error) {
+	if p.failed == nil {
+		p.failed = fmt.Errorf("%w: %s: %w", ErrFailed, p.dir, err)
+		close(p.failedCh)
+	}
+}
+
+// Err returns the failure that closed the store for good (see ErrFailed), or
+// nil.
+func (p *Pebble) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.failed
+}
+
+// fatalPanic carries a fatal error from fatalLogger to the store method that
+// recovers it.
+type fatalPanic struct{ err error }
+
+// userPanic carries a panic of an Iterate callback through leave unchanged.
+type userPanic struct{ v any }
+
+// panicError turns a recovered panic value into an error.
+func panicError(r any) error {
+	switch v := r.(type) {
+	case fatalPanic:
+		return v.err
+	case error:
+		return fmt.Errorf("pebble panicked: %w", v)
+	}
+	return fmt.Errorf("pebble panicked: %v", r)
+}
+
+// fatalLogger is the Logger the store gives Pebble. Pebble calls Fatalf where
+// it cannot go on (a failed MANIFEST or commit write, corruption) and expects
+// it not to return. Fatalf marks the store failed, then, when the call comes
+// from a goroutine running a store method, panics with a fatalPanic that the
+// method recovers into its error. In Pebble's background goroutines (flushes,
+// compactions), which run no store method, Fatalf returns: ending or blocking
+// such a goroutine leaves Pebble waiting for it forever (measured: Open hangs
+// in scanObsoleteFiles), while at every Fatalf site Pebble's code goes on to
+// return the error it logged. The store refuses every later call either way.
+type fatalLogger struct {
+	pebble.Logger
+	p *Pebble
+}
+
+func (l fatalLogger) Fatalf(format string, args ...any) {
+	err := newFatalError(format, args)
+	l.Logger.Errorf("%v (the store is closed)", err)
+	l.p.fail(err)
+	if inStoreMethod() {
+		panic(fatalPanic{err})
+	}
+}
+
+// fatalError is the message of a Fatalf call; it unwraps to the errors among
+// the call's arguments (Pebble formats them with %v or %s), so that
+// errors.Is(err, syscall.ENOSPC) holds.
+type fatalError struct {
+	msg  string
+	errs []error
+}
+
+func newFatalError(format string, args []any) *fatalError {
+	if !strings.HasPrefix(format, "pebble") {
+		format = "pebble: " + format
+	}
+	e := &fatalError{msg: fmt.Sprintf(format, args...)}
+	for _, a := range args {
+		if err, ok := a.(error); ok {
+			e.errs = append(e.errs, err)
+		}
+	}
+	return e
+}
+
+func (e *fatalError) Error() string   { return e.msg }
+func (e *fatalError) Unwrap() []error { return e.errs }
+
+// inStoreMethod reports whether the calling goroutine runs a method of this
+// package (a store method or OpenPebble); it reads the goroutine's stack, so
+// it is for the fatal path only.
+func inStoreMethod() bool {
+	buf := make([]byte, 64<<10)
+	for {
+		n := runtime.Stack(buf, false)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	// Two frames are Fatalf's and inStoreMethod's own.
+	return bytes.Count(buf, []byte("github.com/runnel-dev/runnel/stores.")) > 2
+}
+
 // Get implements Store.
-func (p *Pebble) Get(partition int32, key []byte) ([]byte, bool, error) {
+func (p *Pebble) Get(partition int32, key []byte) (_ []byte, _ bool, err error) {
 	if err := checkPartition(partition); err != nil {
 		return nil, false, fmt.Errorf("get [%d]: %w", partition, err)
 	}
 	if err := p.enter(); err != nil {
 		return nil, false, err
 	}
-	defer p.leave()
+	defer p.leave(&err)
 	k := dataKey(make([]byte, 0, prefixLen+len(key)), partition, key)
 	v, closer, err := p.db.Get(k)
 	if errors.Is(err, pebble.ErrNotFound) {
@@ -171,22 +419,18 @@ func (p *Pebble) Get(partition int32, key []byte) ([]byte, bool, error) {
 
 // Apply implements Store: the ops and the offset key go into one pebble.Batch
 // committed with pebble.NoSync.
-func (p *Pebble) Apply(partition int32, b *Batch) error {
+func (p *Pebble) Apply(partition int32, b *Batch) (err error) {
 	if err := checkBatch(partition, b); err != nil {
 		return err
 	}
 	if b.empty() {
 		// Still report ErrClosed on a closed store.
-		if err := p.enter(); err != nil {
-			return err
-		}
-		p.leave()
-		return nil
+		return p.enter2()
 	}
 	if err := p.enter(); err != nil {
 		return err
 	}
-	defer p.leave()
+	defer p.leave(&err)
 
 	// Size the batch up front: per op the batch holds a kind byte, two varint
 	// lengths (at most 5 bytes each here), the prefixed key and the value.
@@ -237,14 +481,14 @@ func (p *Pebble) Apply(partition int32, b *Batch) error {
 }
 
 // Offset implements Store.
-func (p *Pebble) Offset(partition int32) (int64, error) {
+func (p *Pebble) Offset(partition int32) (_ int64, err error) {
 	if err := checkPartition(partition); err != nil {
 		return NoOffset, fmt.Errorf("offset [%d]: %w", partition, err)
 	}
 	if err := p.enter(); err != nil {
 		return NoOffset, err
 	}
-	defer p.leave()
+	defer p.leave(&err)
 	v, closer, err := p.db.Get(offsetKey(partition))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return NoOffset, nil
@@ -260,14 +504,14 @@ func (p *Pebble) Offset(partition int32) (int64, error) {
 }
 
 // Marks implements Store with one iterator over the partition's mark range.
-func (p *Pebble) Marks(partition int32) (map[string]int64, error) {
+func (p *Pebble) Marks(partition int32) (_ map[string]int64, err error) {
 	if err := checkPartition(partition); err != nil {
 		return nil, fmt.Errorf("marks [%d]: %w", partition, err)
 	}
 	if err := p.enter(); err != nil {
 		return nil, err
 	}
-	defer p.leave()
+	defer p.leave(&err)
 	lo, hi := partitionBounds(markPrefix, partition)
 	it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
@@ -292,14 +536,14 @@ func (p *Pebble) Marks(partition int32) (map[string]int64, error) {
 
 // Iterate implements Store over a Pebble iterator bounded to the partition's
 // data range; the iterator reads the snapshot current when it is created.
-func (p *Pebble) Iterate(partition int32, fn func(key, value []byte) error) error {
+func (p *Pebble) Iterate(partition int32, fn func(key, value []byte) error) (err error) {
 	if err := checkPartition(partition); err != nil {
 		return fmt.Errorf("iterate [%d]: %w", partition, err)
 	}
 	if err := p.enter(); err != nil {
 		return err
 	}
-	defer p.leave()
+	defer p.leave(&err)
 	lo, hi := partitionBounds(dataPrefix, partition)
 	it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
@@ -311,7 +555,7 @@ func (p *Pebble) Iterate(partition int32, fn func(key, value []byte) error) erro
 			return errors.Join(fmt.Errorf("iterate [%d] in %s: %w", partition, p.dir, err), it.Close())
 		}
 		k := append([]byte{}, it.Key()[prefixLen:]...)
-		if err := fn(k, append([]byte{}, v...)); err != nil {
+		if err := callUser(fn, k, append([]byte{}, v...)); err != nil {
 			_ = it.Close()
 			return err
 		}
@@ -325,11 +569,11 @@ func (p *Pebble) Iterate(partition int32, fn func(key, value []byte) error) erro
 // Partitions implements Store. It seeks from one partition to the next
 // ('d'|p+1, then 'm'|p+1 and 'o'|p+1), so it costs a seek per partition, not a
 // scan of the data.
-func (p *Pebble) Partitions() ([]int32, error) {
+func (p *Pebble) Partitions() (_ []int32, err error) {
 	if err := p.enter(); err != nil {
 		return nil, err
 	}
-	defer p.leave()
+	defer p.leave(&err)
 	seen := make(map[int32]bool)
 	for _, prefix := range []byte{dataPrefix, markPrefix, offsetPrefix} {
 		it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefix}, UpperBound: []byte{prefix + 1}})
@@ -368,14 +612,14 @@ func (p *Pebble) Partitions() ([]int32, error) {
 // DropPartition implements Store with one batch holding range deletes of the
 // partition's data and marks and a delete of its offset key, so a crash leaves
 // either the whole partition or none of it.
-func (p *Pebble) DropPartition(partition int32) error {
+func (p *Pebble) DropPartition(partition int32) (err error) {
 	if err := checkPartition(partition); err != nil {
 		return fmt.Errorf("drop [%d]: %w", partition, err)
 	}
 	if err := p.enter(); err != nil {
 		return err
 	}
-	defer p.leave()
+	defer p.leave(&err)
 	lo, hi := partitionBounds(dataPrefix, partition)
 	pb := p.db.NewBatch()
 	defer pb.Close()
@@ -397,11 +641,11 @@ func (p *Pebble) DropPartition(partition int32) error {
 
 // Sync implements Store: it fsyncs Pebble's write-ahead log, which holds every
 // batch committed before the call.
-func (p *Pebble) Sync() error {
+func (p *Pebble) Sync() (err error) {
 	if err := p.enter(); err != nil {
 		return err
 	}
-	defer p.leave()
+	defer p.leave(&err)
 	return p.sync()
 }
 
@@ -415,8 +659,11 @@ func (p *Pebble) sync() error {
 }
 
 // Close implements Store: it waits for running calls, fsyncs the log and
-// closes the database. Errors of both steps are returned together.
-func (p *Pebble) Close() error {
+// closes the database. Errors of both steps are returned together. A failed
+// store (ErrFailed) returns its failure; it closes the database only as far as
+// Pebble lets it within failedCloseWait, since Pebble's state after a fatal
+// error is undefined (a lock may be held forever).
+func (p *Pebble) Close() (err error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -426,8 +673,81 @@ func (p *Pebble) Close() error {
 	for p.active > 0 {
 		p.idle.Wait()
 	}
+	failed := p.failed
 	p.mu.Unlock()
-	return errors.Join(p.sync(), wrapErr("close "+p.dir, p.db.Close()))
+	if failed != nil {
+		return errors.Join(failed, p.closeFailed())
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			p.mu.Lock()
+			p.failLocked(panicError(r))
+			err = p.failed
+			p.mu.Unlock()
+		}
+	}()
+	err = errors.Join(p.sync(), wrapErr("close "+p.dir, p.db.Close()))
+	if f := p.Err(); f != nil { // a fatal error raised during the close
+		return f
+	}
+	return err
+}
+
+// failedCloseWait bounds how long Close waits for Pebble to close a failed
+// store.
+const failedCloseWait = 5 * time.Second
+
+// closeFailed closes the database of a failed store, recovering Pebble's
+// panics, and gives up after failedCloseWait (the goroutine is left behind).
+func (p *Pebble) closeFailed() error {
+	done := make(chan error, 1)
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				done <- nil // the failure is already reported
+			}
+		}()
+		_ = p.db.Close()
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(failedCloseWait):
+		abandon(p.dir, p.Err())
+		return fmt.Errorf("close %s: pebble did not close within %v after its failure (a panic left its commit pipeline locked); its files and lock stay held until the process exits", p.dir, failedCloseWait)
+	}
+}
+
+// abandoned maps the directories of failed stores whose Pebble could not be
+// closed to their failure: reopening one in this process is impossible (the
+// lock is held by the abandoned instance), and OpenPebble says why.
+var abandoned struct {
+	sync.Mutex
+	dirs map[string]error
+}
+
+func abandon(dir string, failure error) {
+	abandoned.Lock()
+	defer abandoned.Unlock()
+	if abandoned.dirs == nil {
+		abandoned.dirs = map[string]error{}
+	}
+	abandoned.dirs[absDir(dir)] = failure
+}
+
+// abandonedFailure returns the failure of an abandoned store at dir, or nil.
+func abandonedFailure(dir string) error {
+	abandoned.Lock()
+	defer abandoned.Unlock()
+	return abandoned.dirs[absDir(dir)]
+}
+
+func absDir(dir string) string {
+	if a, err := filepath.Abs(dir); err == nil {
+		return a
+	}
+	return filepath.Clean(dir)
 }
 
 func wrapErr(op string, err error) error {
@@ -471,9 +791,8 @@ func partitionBounds(prefix byte, partition int32) (lo, hi []byte) {
 	return lo, hi
 }
 
-// quietLogger drops Pebble's informational lines and forwards errors and
-// fatal errors (which Pebble raises only on internal corruption) to the
-// standard logger.
+// quietLogger drops Pebble's informational lines and forwards errors to the
+// standard logger. Its Fatalf is never reached: fatalLogger wraps it.
 type quietLogger struct{}
 
 func (quietLogger) Infof(string, ...any) {}
