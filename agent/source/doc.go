@@ -13,7 +13,7 @@
 // The semantics follow Apache Airflow's shared-stream triggers with a
 // producer-side ack channel (v3, airflow-core/src/airflow/triggers/shared_stream.py);
 // /work/shared/spec/ack-mode.md is the behaviour reference. Deliberate
-// deviations from the reference, each pinned by a test named TestDeviation*:
+// deviations from the reference, each pinned by a scenario in testdata/deviations:
 //
 //  1. Stop and cancel are reported: Subscription.Next returns ErrGroupStopped
 //     (the reference injects nothing and relies on task cancellation).
