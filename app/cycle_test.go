@@ -30,6 +30,20 @@ func highwaters(t *testing.T, client sarama.Client, topic string, n int32) map[i
 	return out
 }
 
+// goWorker runs a worker of a with its own data dir until stop, which
+// cancels it and returns Run's error.
+func goWorker(t *testing.T, a *app.App, brokers []string, dir string) (w *app.Worker, stop func() error) {
+	t.Helper()
+	w, err := a.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	return w, func() error { cancel(); return <-done }
+}
+
 // words returns n records over the given words, round robin, and the count
 // each word gets.
 func words(n int, ws ...string) ([]kv, map[string]int) {
@@ -55,13 +69,7 @@ func TestFinalCycleWritesOneRecordPerKey(t *testing.T) {
 	keys := append(wordPerPartition("a"), wordPerPartition("b")...)
 	recs, want := words(400, keys...)
 	dir := t.TempDir()
-	w, err := c.app.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	w, stop := goWorker(t, c.app, brokers, dir)
 	client := newClient(t, brokers)
 	waitTopic(t, client, c.words.Name())
 	send(t, brokers, c.words.Name(), recs...)
@@ -89,8 +97,7 @@ func TestFinalCycleWritesOneRecordPerKey(t *testing.T) {
 			t.Fatalf("task %d: %+v, want running with one source, table counts and no cycle yet", i, ts)
 		}
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	var total int64
@@ -154,13 +161,7 @@ func TestFullCacheStartsCycle(t *testing.T) {
 	c := newCountApp(t, id, app.WithCommitInterval(time.Hour), app.WithCacheBytes(1))
 	keys := wordPerPartition("k")
 	dir := t.TempDir()
-	w, err := c.app.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	_, stop := goWorker(t, c.app, brokers, dir)
 	client := newClient(t, brokers)
 	waitTopic(t, client, c.words.Name())
 	want := map[string]int{}
@@ -170,12 +171,11 @@ func TestFullCacheStartsCycle(t *testing.T) {
 			want[k] += v
 		}
 		send(t, brokers, c.words.Name(), recs...)
-		if err := app.WaitForLag0(ctx, client, id, []string{c.words.Name()}, 30*time.Second); err != nil {
+		if err := app.WaitForLag0(context.Background(), client, id, []string{c.words.Name()}, 30*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	wantCounts(t, storeTable(t, dir, "counts"), want)

@@ -1,7 +1,6 @@
 package app_test
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -22,19 +21,12 @@ func TestWorkerPersistsAssignment(t *testing.T) {
 	c := newCountApp(t, id)
 	dirs := []string{t.TempDir(), t.TempDir()}
 	type running struct {
-		w      *app.Worker
-		cancel context.CancelFunc
-		done   chan error
+		w    *app.Worker
+		stop func() error
 	}
 	start := func(dir string) running {
-		w, err := c.app.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: dir})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- w.Run(ctx) }()
-		return running{w, cancel, done}
+		w, stop := goWorker(t, c.app, brokers, dir)
+		return running{w, stop}
 	}
 	settle := func(rs []running) []map[string][]int32 {
 		t.Helper()
@@ -61,10 +53,7 @@ func TestWorkerPersistsAssignment(t *testing.T) {
 	}
 	stop := func(rs []running) {
 		for _, r := range rs {
-			r.cancel()
-		}
-		for _, r := range rs {
-			if err := <-r.done; err != nil {
+			if err := r.stop(); err != nil {
 				t.Fatal(err)
 			}
 		}

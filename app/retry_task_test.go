@@ -52,13 +52,7 @@ func TestFailingRecordRestartsOnlyItsPartition(t *testing.T) {
 		return s.Err()
 	})
 	dir := t.TempDir()
-	w, err := a.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	w, stop := goWorker(t, a, brokers, dir)
 	client := newClient(t, brokers)
 	waitTopic(t, client, in.Name())
 
@@ -98,11 +92,10 @@ func TestFailingRecordRestartsOnlyItsPartition(t *testing.T) {
 	}
 	before := attempts.Load()
 	blocked.Store(false)
-	if err := app.WaitForLag0(ctx, client, id, []string{in.Name()}, 30*time.Second); err != nil {
+	if err := app.WaitForLag0(context.Background(), client, id, []string{in.Name()}, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]int{ws[0]: 11, ws[1]: 25, ws[2]: 25, ws[3]: 25}

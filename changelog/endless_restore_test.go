@@ -15,31 +15,7 @@ import (
 
 // produceAbortedTxn writes recs in one transaction and aborts it, so the
 // partition ends with aborted records and an abort marker.
-func (e *env) produceAbortedTxn(topic string, recs ...rec) {
-	e.t.Helper()
-	cfg := testbroker.SaramaConfig(e.t)
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	cfg.Producer.Idempotent = true
-	cfg.Producer.Transaction.ID = testbroker.Topic(e.t, "txn-abort")
-	cfg.Producer.RequiredAcks = sarama.WaitForAll
-	cfg.Net.MaxOpenRequests = 1
-	prod, err := sarama.NewSyncProducer(e.brokers, cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer prod.Close()
-	if err := prod.BeginTxn(); err != nil {
-		e.t.Fatal(err)
-	}
-	for _, r := range recs {
-		if _, _, err := prod.SendMessage(r.message(topic)); err != nil {
-			e.t.Fatal(err)
-		}
-	}
-	if err := prod.AbortTxn(); err != nil {
-		e.t.Fatal(err)
-	}
-}
+func (e *env) produceAbortedTxn(topic string, recs ...rec) { e.produceTxnEnd(topic, false, recs...) }
 
 // readCommittedRestorer is e's restorer reading read_committed, as a restore
 // under exactly-once must (DESIGN.md §6: restore reads read_committed; the

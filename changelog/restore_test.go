@@ -121,7 +121,10 @@ func (e *env) produce(topic string, recs ...rec) {
 
 // produceTxn writes recs in one transaction and commits it, so the partition
 // ends with a commit marker (the highwater is one past the last data record).
-func (e *env) produceTxn(topic string, recs ...rec) {
+func (e *env) produceTxn(topic string, recs ...rec) { e.produceTxnEnd(topic, true, recs...) }
+
+// produceTxnEnd writes recs in one transaction and commits or aborts it.
+func (e *env) produceTxnEnd(topic string, commit bool, recs ...rec) {
 	e.t.Helper()
 	cfg := testbroker.SaramaConfig(e.t)
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
@@ -142,7 +145,11 @@ func (e *env) produceTxn(topic string, recs ...rec) {
 			e.t.Fatal(err)
 		}
 	}
-	if err := prod.CommitTxn(); err != nil {
+	end := prod.CommitTxn
+	if !commit {
+		end = prod.AbortTxn
+	}
+	if err := end(); err != nil {
 		e.t.Fatal(err)
 	}
 }
