@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/stores"
 	"github.com/runnel-dev/runnel/table"
 )
 
@@ -119,6 +121,11 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	defer w.parts.release(acquired)
 	if err != nil {
 		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, stores.ErrFailed) {
+			w.log.Error("table store failed; stopping the worker", "topic", topic, "partition", p, "err", err)
+			w.fatal.stop(err)
 			return nil
 		}
 		return fmt.Errorf("partition %s[%d]: %w", topic, p, err)

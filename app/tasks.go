@@ -10,6 +10,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/internal/task"
+	"github.com/runnel-dev/runnel/stores"
 	"github.com/runnel-dev/runnel/table"
 )
 
@@ -253,7 +254,13 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 			// Abandoned by a failed partition that restarts in place (or
 			// is ending): no cycle until it resets the task.
 		case errors.Is(err, task.ErrAbandoned):
-			if ctx.Err() == nil {
+			if errors.Is(err, stores.ErrFailed) {
+				// A store that failed (disk full, I/O error, corruption)
+				// stays failed in this process: stop the worker with the
+				// cause; a restart recovers from the changelog.
+				w.log.Error("table store failed; stopping the worker", "partition", k.p, "err", err)
+				w.fatal.stop(err)
+			} else if ctx.Err() == nil {
 				w.log.Warn("commit cycle abandoned; the partition restarts from its committed offsets", "partition", k.p, "err", err)
 			}
 			tr.abandon(ts, err)

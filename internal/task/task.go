@@ -289,7 +289,13 @@ func (t *Task) Cycle(ctx context.Context, cut time.Duration) (Stats, error) {
 		}
 	}
 	st.Elapsed = time.Since(start)
-	return st, err
+	if err != nil {
+		// The offsets are committed but a store lacks the cycle: only a
+		// restore from the changelog (which holds it) can bring it back.
+		t.Abandon(fmt.Errorf("apply: %w", err))
+		return st, t.Err()
+	}
+	return st, nil
 }
 
 // drop discards the tables' caches of the partition.
