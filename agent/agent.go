@@ -81,7 +81,12 @@ func (a *Agent[K, V]) Run(ctx context.Context, p int32, sub *source.Subscription
 		on := *e
 		on.Offset = d.Record.Offset
 		var took bool
-		if a.set.OnError == DeadLetter {
+		// A table key outside the event's partition is a property of the
+		// record (its data, or how the topic is keyed): no redelivery can
+		// fix it, so it is dead-lettered at once, unless the agent stops
+		// the worker on errors.
+		deterministic := errors.Is(err, table.ErrNotCoPartitioned) && a.set.OnError != StopWorker
+		if a.set.OnError == DeadLetter || deterministic {
 			took = d.Reject(&on)
 		} else {
 			took = d.Fail(&on)

@@ -3,6 +3,7 @@ package app_test
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -189,4 +190,53 @@ func TestFullCacheStartsCycle(t *testing.T) {
 	fresh := t.TempDir()
 	runWorker(t, brokers, newCountApp(t, id), fresh)
 	wantCounts(t, storeTable(t, fresh, "counts"), want)
+}
+
+// A record whose table write has a key of another partition (bad data, or a
+// topic keyed by another field) is dead-lettered at once with the reason,
+// and the worker goes on: the other records are counted, including those of
+// the same partition after it.
+func TestForeignKeyIsDeadLettered(t *testing.T) {
+	brokers := testbroker.Brokers(t)
+	id := testbroker.Topic(t, "app")
+	c := newCountApp(t, id)
+	ws := wordPerPartition("w")
+	recs := []kv{{ws[0], "x"}, {ws[0], "return-elsewhere:" + ws[1]}, {ws[0], "x"}, {ws[1], "x"}}
+	dir := t.TempDir()
+	runWorker(t, brokers, c, dir, recs...) // lag 0: nothing stopped the worker
+	wantCounts(t, storeTable(t, dir, "counts"), map[string]int{ws[0]: 2, ws[1]: 1})
+	client := newClient(t, brokers)
+	dlq := id + "-count-dlq"
+	waitTopic(t, client, dlq)
+	var msgs []*sarama.ConsumerMessage
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	for p, hw := range highwaters(t, client, dlq, 1) {
+		if hw == 0 {
+			continue
+		}
+		pc, err := consumer.ConsumePartition(dlq, p, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for int64(len(msgs)) < hw {
+			msgs = append(msgs, <-pc.Messages())
+		}
+		pc.Close()
+	}
+	if len(msgs) != 1 {
+		t.Fatalf("dead letters %d, want 1", len(msgs))
+	}
+	var reason string
+	for _, h := range msgs[0].Headers {
+		if string(h.Key) == app.HeaderReason {
+			reason = string(h.Value)
+		}
+	}
+	if !strings.Contains(reason, "table counts") || !strings.Contains(reason, "belongs to partition 1") {
+		t.Fatalf("dead-letter reason %q: want the table and the key's partition", reason)
+	}
 }

@@ -399,14 +399,6 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 	if first == nil {
 		return nil, false
 	}
-	if errors.Is(first.err, table.ErrNotCoPartitioned) {
-		// A programming or input error that no retry can fix: every record of
-		// the key would fail the same way.
-		w.log.Error("table key outside the event's partition; stopping the worker (is the input topic keyed by the table's key? dev: --key-field)",
-			"agent", first.r.Name(), "topic", pt.topic, "partition", pt.p, "err", first.err)
-		w.fatal.stop(first.err)
-		return first.err, false
-	}
 	if first.r.Settings().OnError == agent.StopWorker {
 		var ae *agent.Error
 		if errors.As(first.err, &ae) && !ae.Stream {
@@ -436,8 +428,15 @@ func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source
 			return agentResult{r: r, sub: sub}
 		}
 		var ae *agent.Error
-		if !errors.As(err, &ae) || ae.Stream || policy == agent.StopWorker || errors.Is(err, table.ErrNotCoPartitioned) {
+		if !errors.As(err, &ae) || ae.Stream || policy == agent.StopWorker {
 			return agentResult{r: r, sub: sub, err: err}
+		}
+		if errors.Is(err, table.ErrNotCoPartitioned) && ae.Offset >= 0 {
+			// Dead-lettered at once by the agent (agent.Run): every delivery
+			// would fail the same way.
+			w.log.Warn("table key outside the event's partition; the record is dead-lettered (is the input topic keyed by the table's key? dev: --key-field)",
+				"agent", r.Name(), "topic", pt.topic, "partition", pt.p, "offset", ae.Offset, "err", err)
+			continue
 		}
 		if time.Since(began) > pt.retry.MaxBackoff {
 			failures = 0

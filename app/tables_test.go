@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -62,6 +63,11 @@ func newCountApp(t *testing.T, id string, opts ...app.Option) *countApp {
 			switch {
 			case ev.Value == "del":
 				if err := c.counts.Delete(ev, ev.Key); err != nil {
+					return err
+				}
+			case strings.HasPrefix(ev.Value, "return-elsewhere:"):
+				// The agent returns the error: the record fails.
+				if err := c.counts.Set(ev, strings.TrimPrefix(ev.Value, "return-elsewhere:"), 1); err != nil {
 					return err
 				}
 			case len(ev.Value) > 10 && ev.Value[:10] == "elsewhere:":
