@@ -2,16 +2,20 @@ package app_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/codec"
 	"github.com/runnel-dev/runnel/internal/testbroker"
 	"github.com/runnel-dev/runnel/stores"
+	"github.com/runnel-dev/runnel/table"
 )
 
 // highwaters returns the highwater of every partition of topic.
@@ -238,5 +242,42 @@ func TestForeignKeyIsDeadLettered(t *testing.T) {
 	}
 	if !strings.Contains(reason, "table counts") || !strings.Contains(reason, "belongs to partition 1") {
 		t.Fatalf("dead-letter reason %q: want the table and the key's partition", reason)
+	}
+}
+
+// A changelog write that no retry can make (a value above the broker's
+// record size limit) stops the worker with the cause instead of restarting
+// the partition forever or losing the write.
+func TestChangelogRecordTooLargeStopsWorker(t *testing.T) {
+	brokers := testbroker.Brokers(t)
+	id := testbroker.Topic(t, "app")
+	c := newCountApp(t, id)
+	blobs := table.New(c.app, "blobs", codec.String(), codec.String())
+	agent.New(c.app, "blob", c.words, func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for ev := range s.Events() {
+			if ev.Value == "big" {
+				if err := blobs.Set(ev, ev.Key, strings.Repeat("x", 2<<20)); err != nil {
+					return err
+				}
+			}
+		}
+		return s.Err()
+	})
+	w, err := c.app.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(context.Background()) }()
+	waitTopic(t, newClient(t, brokers), c.words.Name())
+	send(t, brokers, c.words.Name(), kv{wordPerPartition("w")[0], "big"})
+	select {
+	case err := <-done:
+		var cerr sarama.ConfigurationError
+		if !errors.As(err, &cerr) || !strings.Contains(err.Error(), "MaxMessageBytes") {
+			t.Fatalf("worker stopped with %v, want the record-too-large cause", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("worker still running 30 s after a changelog record too large to write")
 	}
 }

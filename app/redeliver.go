@@ -224,10 +224,12 @@ func (pt *partition) run(ctx context.Context) error {
 			pt.task.t.Add(prod)
 		}
 		err, again := pt.incarnation(ctx, prod)
+		// A task fed by other claims too, or abandoned by its own cycles
+		// (its cycle loop ended), cannot restart in place.
 		shared := false
 		if pt.task != nil {
 			pt.task.t.Remove(prod)
-			shared = pt.task.t.Sources() > 0
+			shared = pt.task.t.Sources() > 0 || pt.task.failedNow()
 		}
 		if !again {
 			return err
@@ -236,7 +238,7 @@ func (pt *partition) run(ctx context.Context) error {
 		n := max(pt.attemptsOf(prod.failedOffset()), 1)
 		d := pt.retry.delay(n)
 		if shared {
-			w.log.Warn("partition failed; its task has other sources, so the session restarts and the partition resumes from its committed offset",
+			w.log.Warn("partition failed; its task has other sources or was abandoned, so the session restarts and the partition resumes from its committed offset",
 				"topic", pt.topic, "partition", pt.p, "offset", from, "attempt", n, "in", d, "err", err)
 			pt.task.abandon(&w.tasks, err)
 			if !sleep(d, ctx.Done(), pt.feed.revoked) {

@@ -70,6 +70,17 @@ type taskRun struct {
 	fail   sync.Once
 }
 
+// failedNow reports whether the task was abandoned by its cycles (or a
+// claim's failed final cycle): its claims must end and the session restart.
+func (tr *taskRun) failedNow() bool {
+	select {
+	case <-tr.failed:
+		return true
+	default:
+		return false
+	}
+}
+
 // abandon abandons the task (task.Task.Abandon) and fails every claim of it:
 // the partition restarts from its committed offsets.
 func (tr *taskRun) abandon(ts *taskSet, err error) {
@@ -254,7 +265,13 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 			// Abandoned by a failed partition that restarts in place (or
 			// is ending): no cycle until it resets the task.
 		case errors.Is(err, task.ErrAbandoned):
-			if errors.Is(err, stores.ErrFailed) {
+			if permanent(err) {
+				// No retry can write this changelog record (too large, not
+				// allowed, no such topic): restarting would lose the write
+				// or loop forever. Stop with the cause.
+				w.log.Error("changelog write failed permanently; stopping the worker", "partition", k.p, "err", err)
+				w.fatal.stop(err)
+			} else if errors.Is(err, stores.ErrFailed) {
 				// A store that failed (disk full, I/O error, corruption)
 				// stays failed in this process: stop the worker with the
 				// cause; a restart recovers from the changelog.
@@ -314,4 +331,22 @@ func (w *Worker) commitSync(sess sarama.ConsumerGroupSession, offs []task.Offset
 		}
 	}
 	return nil
+}
+
+// permanent reports whether a changelog write failed for a reason no retry
+// fixes: the record is too large, the worker may not write the topic, or the
+// topic does not exist (it was deleted under the worker).
+func permanent(err error) bool {
+	var cerr sarama.ConfigurationError
+	if errors.As(err, &cerr) {
+		return true // e.g. a record above Producer.MaxMessageBytes
+	}
+	for _, kerr := range []sarama.KError{sarama.ErrMessageSizeTooLarge, sarama.ErrTopicAuthorizationFailed,
+		sarama.ErrClusterAuthorizationFailed, sarama.ErrUnknownTopicOrPartition, sarama.ErrInvalidTopic,
+		sarama.ErrTransactionalIDAuthorizationFailed} {
+		if errors.Is(err, kerr) {
+			return true
+		}
+	}
+	return false
 }
