@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/app"
@@ -50,6 +51,20 @@ func sendSetup(t *testing.T, tune func(*sarama.Config)) ([]string, string, saram
 		t.Fatal(err)
 	}
 	waitTopic(t, client, topic)
+	// On Kafka a new topic's partitions answer only once their leaders are
+	// elected: until then a produce or an offset lookup gets
+	// NOT_LEADER_OR_FOLLOWER.
+	for p := int32(0); p < sendParts; p++ {
+		for i := 0; ; i++ {
+			_ = client.RefreshMetadata(topic)
+			if _, err := client.GetOffset(topic, p, sarama.OffsetNewest); err == nil {
+				break
+			} else if i > 100 {
+				t.Fatalf("partition %d of %s never got a leader: %v", p, topic, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 	return brokers, topic, client
 }
 
