@@ -1,0 +1,137 @@
+// Command runnel-peer is Runnel's app in the side-by-side benchmarks
+// (bench/sidebyside): one worker written with the public API only (app, agent,
+// table, codec), configured by the BENCH_* environment the harness sets.
+//
+// Workloads (BENCH_WORKLOAD):
+//   - stateless: every record of BENCH_INPUT goes to BENCH_OUTPUT with the
+//     value upper-cased;
+//   - stateful: a count per key in the table "counts" (changelog
+//     <BENCH_ID>-counts-changelog, decimal values).
+//
+// With BENCH_CPUPROFILE and BENCH_MEMPROFILE set it writes a pprof CPU profile
+// of the whole run and an allocation profile at exit (SIGTERM).
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/app"
+	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/table"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "runnel-peer:", err)
+		os.Exit(1)
+	}
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func run() error {
+	parts, err := strconv.Atoi(env("BENCH_PARTITIONS", "8"))
+	if err != nil {
+		return fmt.Errorf("BENCH_PARTITIONS: %w", err)
+	}
+	commitMS, err := strconv.Atoi(env("BENCH_COMMIT_MS", "2800"))
+	if err != nil {
+		return fmt.Errorf("BENCH_COMMIT_MS: %w", err)
+	}
+	lvl := slog.LevelInfo
+	if err := lvl.UnmarshalText([]byte(env("BENCH_LOG_LEVEL", "warn"))); err != nil {
+		return fmt.Errorf("BENCH_LOG_LEVEL: %w", err)
+	}
+	a := app.New(env("BENCH_ID", "bench"),
+		app.WithBrokers(strings.Split(env("BENCH_BROKERS", "localhost:9092"), ",")...),
+		app.WithDataDir(env("BENCH_DATA_DIR", "./var")),
+		app.WithCommitInterval(time.Duration(commitMS)*time.Millisecond),
+		app.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))),
+	)
+	in := app.Topic(a, env("BENCH_INPUT", "input"), codec.String(), codec.String(), app.Partitions(int32(parts)))
+	switch w := env("BENCH_WORKLOAD", "stateless"); w {
+	case "stateless":
+		out := app.Topic(a, env("BENCH_OUTPUT", "output"), codec.String(), codec.String(), app.Partitions(int32(parts)))
+		agent.New(a, "transform", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
+			for ev := range s.Events() {
+				if err := out.Send(ev, ev.Key, strings.ToUpper(ev.Value)); err != nil {
+					return err
+				}
+			}
+			return s.Err()
+		})
+	case "stateful":
+		counts := table.New(a, "counts", codec.String(), codec.DecimalInt64())
+		agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
+			for ev := range s.Events() {
+				if _, err := counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
+					return err
+				}
+			}
+			return s.Err()
+		})
+	default:
+		return fmt.Errorf("BENCH_WORKLOAD %q: want stateless or stateful", w)
+	}
+
+	if path := os.Getenv("BENCH_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if path := os.Getenv("BENCH_MEMPROFILE"); path != "" {
+		defer func() {
+			if err := writeHeap(path); err != nil {
+				fmt.Fprintln(os.Stderr, "runnel-peer:", err)
+			}
+		}()
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	w, err := a.NewWorker(app.WorkerOptions{})
+	if err != nil {
+		return fmt.Errorf("new worker: %w", err)
+	}
+	if err := w.Run(ctx); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	return nil
+}
+
+// writeHeap writes the allocation profile (alloc_space is its default view
+// in `go tool pprof -sample_index=alloc_space`).
+func writeHeap(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	defer f.Close()
+	runtime.GC()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	return nil
+}

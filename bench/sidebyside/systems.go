@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+)
+
+// system is one stream processor under test: a peer app under bench/peers,
+// built by that directory's build.sh into the harness's bin directory and run
+// as a child process per worker.
+type system struct {
+	name      string   // column name in the results, e.g. "kstreams-2t"
+	peer      string   // directory under bench/peers
+	bin       string   // executable built by build.sh
+	env       []string // extra BENCH_* settings of this system (they win over the harness's)
+	workloads []string // workloads this system runs
+	// changelog names the topic holding the count table of an app (or
+	// consumer group) id.
+	changelog func(id string) string
+	// decode reads one count from the changelog.
+	decode func([]byte) (int64, error)
+	lang   string // go, java or python: which brokers and modes it joins
+	// key reads a changelog key back into the input key; nil: as is.
+	key func([]byte) string
+	// createChangelog: the harness creates the changelog topic (the app
+	// does not).
+	createChangelog bool
+}
+
+func (s *system) runs(workload string) bool {
+	for _, w := range s.workloads {
+		if w == workload {
+			return true
+		}
+	}
+	return false
+}
+
+func decimal(b []byte) (int64, error) {
+	n, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("decimal count %q: %w", b, err)
+	}
+	return n, nil
+}
+
+func bigEndian64(b []byte) (int64, error) {
+	if len(b) != 8 {
+		return 0, fmt.Errorf("8-byte count: got %d bytes", len(b))
+	}
+	return int64(binary.BigEndian.Uint64(b)), nil
+}
+
+// jsonString reads a JSON string key (Faust's default key serializer).
+func jsonString(b []byte) string {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return string(b) // not JSON: counted under its raw bytes, and so missing from the answer
+	}
+	return s
+}
+
+// quixKey reads the message key out of a Quix Streams changelog key (the
+// JSON message key, "|", the JSON state key).
+func quixKey(b []byte) string {
+	k, _, _ := bytes.Cut(b, []byte("|"))
+	return jsonString(k)
+}
+
+// allWorkloads in the order they run and appear in the table.
+var allWorkloads = []string{"stateless", "stateful", "restore", "handover", "kill"}
+
+// systems returns every known system by name, in table order (Runnel first).
+func systems() []*system {
+	stateful := []string{"stateless", "stateful", "restore", "handover", "kill"}
+	suffixed := func(suffix string) func(string) string {
+		return func(id string) string { return id + suffix }
+	}
+	return []*system{
+		{name: "runnel", peer: "runnel", bin: "runnel-peer", workloads: stateful,
+			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go"},
+		{name: "sarama", peer: "sarama", bin: "sarama-peer", workloads: []string{"stateless", "stateful"},
+			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", createChangelog: true},
+		{name: "goka", peer: "goka", bin: "goka-peer", workloads: stateful,
+			changelog: suffixed("-table"), decode: decimal, lang: "go"},
+		{name: "kstreams-1t", peer: "kstreams", bin: "kstreams-peer", env: []string{"BENCH_THREADS=1"}, workloads: stateful,
+			changelog: suffixed("-counts-changelog"), decode: bigEndian64, lang: "java"},
+		{name: "kstreams-2t", peer: "kstreams", bin: "kstreams-peer", env: []string{"BENCH_THREADS=2"}, workloads: stateful,
+			changelog: suffixed("-counts-changelog"), decode: bigEndian64, lang: "java"},
+		{name: "faust", peer: "faust", bin: "faust-peer", workloads: stateful,
+			changelog: suffixed("-counts-changelog"), decode: decimal, key: jsonString, lang: "python"},
+		{name: "quix", peer: "quix", bin: "quix-peer", workloads: stateful,
+			changelog: func(id string) string { return "changelog__" + id + "--" + id[:len(id)-len("app")] + "in--default" },
+			decode:    decimal, key: quixKey, lang: "python"},
+		// Kafka Streams' own default commit interval (30 s under at-least-once):
+		// its record cache then holds the counts until the commit.
+		{name: "kstreams-2t-c30s", peer: "kstreams", bin: "kstreams-peer", env: []string{"BENCH_THREADS=2", "BENCH_COMMIT_MS=30000"},
+			workloads: []string{"stateless", "stateful"},
+			changelog: suffixed("-counts-changelog"), decode: bigEndian64, lang: "java"},
+	}
+}
+
+// build runs every selected system's build.sh once (two systems may share a
+// peer) into binDir.
+func build(root, binDir string, sel []*system) error {
+	done := map[string]bool{}
+	for _, s := range sel {
+		if done[s.peer] {
+			continue
+		}
+		done[s.peer] = true
+		script := filepath.Join(root, "bench", "peers", s.peer, "build.sh")
+		cmd := exec.Command(script, binDir)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("build %s (%s): %w", s.peer, script, err)
+		}
+	}
+	return nil
+}

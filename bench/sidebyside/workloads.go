@@ -1,0 +1,453 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// result is one run of one workload by one system.
+type result struct {
+	System   string  `json:"system"`
+	Workload string  `json:"workload"`
+	Round    int     `json:"round"`
+	Failure  string  `json:"failure,omitempty"`        // a wrong answer or a run that did not finish
+	Seconds  float64 `json:"seconds"`                  // the workload's time (see docs/benchmarks.md)
+	Rate     float64 `json:"records_per_s,omitempty"`  // records over the span from the first to the last output record
+	FirstOut float64 `json:"first_output_s,omitempty"` // from the start to the first output record: startup and group join
+	CPU      float64 `json:"cpu_s,omitempty"`          // user+system of the worker(s)
+	RSSMB    float64 `json:"rss_mb,omitempty"`         // peak RSS of the worker (the largest of them)
+	Records  int64   `json:"records,omitempty"`        // restore: changelog records present (after compaction)
+	Span     int64   `json:"span,omitempty"`           // restore: changelog offsets (records written)
+	Doubles  int64   `json:"doubles"`                  // handover, kill: records counted more than once
+}
+
+// run is one run's broker, topic names and directories.
+type run struct {
+	h      *harness
+	s      *system
+	b      *broker
+	prefix string // of every topic and the group of this run
+	id     string // app id / consumer group
+	input  string
+	output string
+	dir    string // data dirs and logs
+}
+
+func (h *harness) newRun(s *system, workload string, round int) (*run, error) {
+	h.seq++
+	prefix := fmt.Sprintf("sbs%d-%s-%s-", h.seq, s.name, workload)
+	r := &run{h: h, s: s, prefix: prefix, id: prefix + "app", input: prefix + "in", output: prefix + "out",
+		dir: filepath.Join(h.workDir, fmt.Sprintf("%03d-%s-%s-r%d", h.seq, s.name, workload, round))}
+	if h.shared != nil {
+		r.b = h.shared
+	} else {
+		b, err := openBroker("")
+		if err != nil {
+			return nil, err
+		}
+		r.b = b
+	}
+	if err := r.b.createTopic(r.input, h.cfg.partitions); err != nil {
+		r.close()
+		return nil, err
+	}
+	if err := r.h.data.load(context.Background(), r.b.addrs, r.input); err != nil {
+		r.close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// close drops the run's broker (kfake) or its topics (a shared broker).
+func (r *run) close() {
+	if r.h.shared == nil {
+		r.b.Close()
+		return
+	}
+	if err := r.b.deleteTopicsWithPrefix(r.prefix); err != nil {
+		r.h.logf("cleanup: %v", err)
+	}
+}
+
+// start starts one worker of the run's system.
+func (r *run) start(workload, name string, extra ...string) (*child, error) {
+	cfg := r.h.cfg
+	env := []string{
+		"BENCH_BROKERS=" + joinAddrs(r.b.addrs),
+		"BENCH_WORKLOAD=" + workload,
+		"BENCH_INPUT=" + r.input,
+		"BENCH_OUTPUT=" + r.output,
+		"BENCH_ID=" + r.id,
+		"BENCH_DATA_DIR=" + filepath.Join(r.dir, name),
+		fmt.Sprintf("BENCH_PARTITIONS=%d", cfg.partitions),
+		fmt.Sprintf("BENCH_COMMIT_MS=%d", cfg.commit.Milliseconds()),
+	}
+	env = append(append(env, r.s.env...), extra...)
+	return startChild(filepath.Join(r.h.binDir, r.s.bin), env, filepath.Join(r.dir, name+".log"))
+}
+
+func joinAddrs(a []string) string {
+	s := ""
+	for i, x := range a {
+		if i > 0 {
+			s += ","
+		}
+		s += x
+	}
+	return s
+}
+
+func complete(s state) bool { return !s.complete.IsZero() }
+
+// settle is how long the harness keeps watching after a worker stopped for
+// records that would make the answer wrong (late duplicates).
+const settle = 500 * time.Millisecond
+
+// runStateless: consume → upper-case → produce of the whole dataset by one
+// worker; the time is from the worker's start to the last correct output
+// record, and every key must have exactly its input count of output records.
+func (h *harness) runStateless(s *system, round int, profile []string) result {
+	res := result{System: s.name, Workload: "stateless", Round: round}
+	r, err := h.newRun(s, "stateless", round)
+	if err != nil {
+		return res.fail(err)
+	}
+	defer r.close()
+	if err := r.b.createTopic(r.output, h.cfg.partitions); err != nil {
+		return res.fail(err)
+	}
+	w, err := watch(r.b.addrs, r.output, true, nil, nil, h.data.counts)
+	if err != nil {
+		return res.fail(err)
+	}
+	defer w.Close()
+	return r.single(w, "stateless", res, profile)
+}
+
+// single runs one worker until w is complete, stops it and checks that the
+// answer stayed right.
+func (r *run) single(w *watcher, workload string, res result, profile []string) result {
+	c, err := r.start(workload, "w1", profile...)
+	if err != nil {
+		return res.fail(err)
+	}
+	st, err := w.waitFor(r.h.cfg.timeout, c.exited, complete)
+	u, stopErr := c.stop(syscall.SIGTERM, 60*time.Second)
+	res.CPU, res.RSSMB = u.cpu, u.rssMB
+	if err != nil {
+		return res.fail(fmt.Errorf("%w (log %s)", err, c.log.Name()))
+	}
+	if stopErr != nil {
+		return res.fail(stopErr)
+	}
+	time.Sleep(settle)
+	if after := w.state(); !complete(after) {
+		return res.fail(fmt.Errorf("after the stop: %d keys below and %d above their expected value", after.under, after.over))
+	}
+	res.Seconds = st.complete.Sub(c.start).Seconds()
+	res.FirstOut = st.first.Sub(c.start).Seconds()
+	if span := st.complete.Sub(st.first).Seconds(); span > 0 {
+		res.Rate = float64(r.h.data.n) / span // steady state: startup and group join left out
+	}
+	return res
+}
+
+// runStateful: count per key into the system's changelog-backed table; the
+// time is from the worker's start to the changelog holding every key's
+// count. With restore, a fresh worker (empty data dir) then restores the
+// table and must apply one probe record per partition on top of it: the
+// restore time is from its start to those probes' counts in the changelog.
+func (h *harness) runStateful(s *system, round int, restore bool, profile []string) (result, result) {
+	res := result{System: s.name, Workload: "stateful", Round: round}
+	rres := result{System: s.name, Workload: "restore", Round: round}
+	r, err := h.newRun(s, "stateful", round)
+	if err != nil {
+		return res.fail(err), rres.fail(err)
+	}
+	defer r.close()
+	if s.createChangelog {
+		if err := r.b.createTopic(s.changelog(r.id), h.cfg.partitions); err != nil {
+			return res.fail(err), rres.fail(err)
+		}
+	}
+	w, err := watch(r.b.addrs, s.changelog(r.id), false, s.decode, s.key, h.data.counts)
+	if err != nil {
+		return res.fail(err), rres.fail(err)
+	}
+	defer w.Close()
+	res = r.single(w, "stateful", res, profile)
+	if !restore {
+		return res, rres
+	}
+	if res.Failure != "" {
+		return res, rres.fail(fmt.Errorf("the stateful run before it failed"))
+	}
+	if rres.Records, err = r.b.countRecords(s.changelog(r.id)); err != nil {
+		return res, rres.fail(err)
+	}
+	if rres.Span, err = r.b.topicSize(s.changelog(r.id)); err != nil {
+		return res, rres.fail(err)
+	}
+	// One probe per partition with a key of the table: its count must go
+	// from the restored value to one more.
+	var probes []*kgo.Record
+	for p := range h.cfg.partitions {
+		for i, k := range h.data.keys {
+			if int(h.data.keyPart[i]) == p {
+				probes = append(probes, &kgo.Record{Topic: r.input, Partition: int32(p), Key: []byte(k), Value: []byte("probe")})
+				w.addExpect(k)
+				break
+			}
+		}
+	}
+	pr, err := newProducer(r.b.addrs)
+	if err != nil {
+		return res, rres.fail(err)
+	}
+	err = pr.produce(context.Background(), func(yield func(*kgo.Record) bool) {
+		for _, p := range probes {
+			if !yield(p) {
+				return
+			}
+		}
+	})
+	pr.Close()
+	if err != nil {
+		return res, rres.fail(err)
+	}
+	c, err := r.start("stateful", "w2")
+	if err != nil {
+		return res, rres.fail(err)
+	}
+	st, err := w.waitFor(h.cfg.timeout, c.exited, complete)
+	u, stopErr := c.stop(syscall.SIGTERM, 60*time.Second)
+	rres.CPU, rres.RSSMB = u.cpu, u.rssMB
+	if err != nil {
+		return res, rres.fail(fmt.Errorf("%w (log %s)", err, c.log.Name()))
+	}
+	if stopErr != nil {
+		return res, rres.fail(stopErr)
+	}
+	rres.Seconds = st.complete.Sub(c.start).Seconds()
+	return res, rres
+}
+
+// takeoverResolution: after worker 1 exited, changelog records that arrive
+// within this time may still be its own.
+const takeoverResolution = 250 * time.Millisecond
+
+// runTakeover: two workers count the dataset; once both are members of a
+// stable group, each with active partitions, and a quarter of the counts is in the changelog, a probe
+// record goes to every partition every 20 ms (so that partitions whose
+// backlog is done keep changing) and worker 1 gets sig (SIGTERM: clean
+// hand-over; SIGKILL: crash). The time is from the signal until every
+// partition has a changelog record that arrived more than
+// takeoverResolution after worker 1 exited, i.e. was written by worker 2.
+// Then the probes stop, every key must reach its expected count (fewer:
+// records lost, a failure), and what is above it was counted twice.
+func (h *harness) runTakeover(s *system, workload string, sig syscall.Signal, round int) result {
+	res := result{System: s.name, Workload: workload, Round: round}
+	r, err := h.newRun(s, workload, round)
+	if err != nil {
+		return res.fail(err)
+	}
+	defer r.close()
+	w, err := watch(r.b.addrs, s.changelog(r.id), false, s.decode, s.key, h.data.counts)
+	if err != nil {
+		return res.fail(err)
+	}
+	defer w.Close()
+	c1, err := r.start("stateful", "w1")
+	if err != nil {
+		return res.fail(err)
+	}
+	// Worker 2 starts once worker 1 is in the group: started together, two
+	// Goka processors race to create the table topic and one exits.
+	for deadline := time.Now().Add(h.cfg.timeout); ; {
+		n, _, _, err := r.b.groupMembers(r.id, r.input)
+		if err != nil || time.Now().After(deadline) {
+			_, _ = c1.stop(syscall.SIGKILL, time.Second)
+			return res.fail(fmt.Errorf("worker 1 did not join the group: %v (log %s)", err, c1.log.Name()))
+		}
+		if n > 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c2, err := r.start("stateful", "w2")
+	if err != nil {
+		_, _ = c1.stop(syscall.SIGKILL, time.Second)
+		return res.fail(err)
+	}
+	stopAll := func() {
+		for _, c := range []*child{c1, c2} {
+			select {
+			case <-c.exited:
+			default:
+				u, _ := c.stop(syscall.SIGTERM, 60*time.Second)
+				res.CPU += u.cpu
+				res.RSSMB = math.Max(res.RSSMB, u.rssMB)
+			}
+		}
+	}
+	defer stopAll()
+	exited := anyExited(c1, c2)
+
+	// Both workers in a stable group, and the load well under way.
+	deadline := time.Now().Add(h.cfg.timeout)
+	for {
+		n, stable, allActive, err := r.b.groupMembers(r.id, r.input)
+		if err != nil {
+			return res.fail(err)
+		}
+		if n >= 2 && stable && allActive && w.state().sum >= int64(h.data.n/4) {
+			break
+		}
+		select {
+		case <-exited:
+			return res.fail(fmt.Errorf("a worker exited before the hand-over (logs in %s)", r.dir))
+		default:
+		}
+		if time.Now().After(deadline) {
+			return res.fail(fmt.Errorf("timeout waiting for 2 members with active partitions in a stable group (%d members, stable %v, all with actives %v; %s)",
+				n, stable, allActive, r.b.describeAssignment(r.id)))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	pb, err := newProbes(r.b.addrs, r.input, h.data.probes, w)
+	if err != nil {
+		return res.fail(err)
+	}
+	defer pb.stop()
+	time.Sleep(500 * time.Millisecond)
+	sigAt := time.Now()
+	u1, stopErr := c1.stop(sig, 60*time.Second)
+	// Records of worker 1 may still be on their way (in flight at the
+	// signal, fetched by the watcher up to 100 ms later): only what arrives
+	// after this point is worker 2's.
+	w.resumeAfter(time.Now().Add(takeoverResolution))
+	var last time.Time
+	for {
+		got := w.resumed()
+		if len(got) == h.cfg.partitions {
+			for _, t := range got {
+				if t.After(last) {
+					last = t
+				}
+			}
+			break
+		}
+		select {
+		case <-c2.exited:
+			return res.fail(fmt.Errorf("worker 2 exited during the hand-over (log %s)", c2.log.Name()))
+		default:
+		}
+		if time.Since(sigAt) > h.cfg.timeout {
+			return res.fail(fmt.Errorf("%d partitions not processing %s after the signal", h.cfg.partitions-len(got), h.cfg.timeout))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	res.Seconds = last.Sub(sigAt).Seconds()
+	pb.stop()
+	res.CPU, res.RSSMB = u1.cpu, u1.rssMB
+	if stopErr != nil && sig == syscall.SIGTERM {
+		return res.fail(stopErr)
+	}
+	if err := pb.err(); err != nil {
+		return res.fail(err)
+	}
+	st, err := w.waitFor(h.cfg.timeout, c2.exited, func(s state) bool { return s.under == 0 })
+	if err != nil {
+		return res.fail(fmt.Errorf("after the take-over, counts lost: %w", err))
+	}
+	time.Sleep(h.cfg.commit + time.Second) // late duplicates
+	st = w.state()
+	if st.under > 0 {
+		return res.fail(fmt.Errorf("after the take-over, %d keys fell below their count", st.under))
+	}
+	res.Doubles = st.excess
+	return res
+}
+
+// probes sends one record per partition every 20 ms, each to that
+// partition's probe key, and raises the watcher's expectation of it.
+type probes struct {
+	cl      *kgo.Client
+	w       *watcher
+	keys    []string
+	mu      sync.Mutex
+	sent    []int64 // probes sent per partition
+	firstEr error
+	done    chan struct{}
+	ended   chan struct{}
+	once    sync.Once
+}
+
+func newProbes(addrs []string, topic string, keys []string, w *watcher) (*probes, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerLinger(0), kgo.DisableIdempotentWrite())
+	if err != nil {
+		return nil, fmt.Errorf("probe producer: %w", err)
+	}
+	p := &probes{cl: cl, w: w, keys: keys, sent: make([]int64, len(keys)), done: make(chan struct{}), ended: make(chan struct{})}
+	go p.loop(topic)
+	return p, nil
+}
+
+func (p *probes) loop(topic string) {
+	defer close(p.ended)
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		for i, k := range p.keys {
+			p.w.addExpect(k)
+			p.sent[i]++
+			p.cl.Produce(context.Background(), &kgo.Record{Topic: topic, Partition: int32(i), Key: []byte(k), Value: []byte("probe")},
+				func(_ *kgo.Record, err error) {
+					if err != nil {
+						p.mu.Lock()
+						if p.firstEr == nil {
+							p.firstEr = fmt.Errorf("probe: %w", err)
+						}
+						p.mu.Unlock()
+					}
+				})
+		}
+		p.mu.Unlock()
+		select {
+		case <-p.done:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// stop ends the probes and waits until every one was acknowledged.
+func (p *probes) stop() {
+	p.once.Do(func() {
+		close(p.done)
+		<-p.ended
+		_ = p.cl.Flush(context.Background())
+		p.cl.Close()
+	})
+}
+
+func (p *probes) err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.firstEr
+}
+
+func (r result) fail(err error) result {
+	r.Failure = err.Error()
+	return r
+}
