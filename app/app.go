@@ -56,6 +56,12 @@ type Config struct {
 	// without a rebalance. Each worker needs its own. Env RUNNEL_INSTANCE_ID,
 	// flag --instance-id. Default: none (dynamic membership).
 	InstanceID string
+	// IdleCommit: a task whose sources handed out records since its last
+	// cycle, and none for this long, runs a cycle at once (the partition is
+	// caught up: waiting would batch nothing more, only delay the state and
+	// the commit). Default: a tenth of CommitInterval, between 20 and
+	// 200 ms; negative disables it. WithIdleCommit.
+	IdleCommit time.Duration
 	// CacheBytes is the size of a table partition's write cache at which its
 	// task runs a cycle before the interval ends; default
 	// table.DefaultCacheBytes (4 MiB).
@@ -118,6 +124,10 @@ func WithWarmups(acceptableLag int64, maxWarmups int, probing time.Duration) Opt
 // WithInstanceID enables static membership (KIP-345) with this worker's
 // group.instance.id; see Config.InstanceID.
 func WithInstanceID(id string) Option { return func(c *Config) { c.InstanceID = id } }
+
+// WithIdleCommit sets Config.IdleCommit (negative: cycles only every commit
+// interval and when a cache is full).
+func WithIdleCommit(d time.Duration) Option { return func(c *Config) { c.IdleCommit = d } }
 
 // WithCacheBytes sets the write-cache size per table partition that triggers
 // an early commit cycle (default table.DefaultCacheBytes, 4 MiB).

@@ -62,15 +62,15 @@ func words(n int, ws ...string) ([]kv, map[string]int) {
 	return recs, want
 }
 
-// With a commit interval longer than the test, the only cycle is the final
-// one at the clean stop: the changelog gets one record per key, however many
+// With a commit interval longer than the test (and no cycle when idle), the
+// only cycle is the final one at the clean stop: the changelog gets one record per key, however many
 // updates each key had, and the counts are exact in the store and in a
 // restore from the changelog on another worker. The epoch mark is 1 (the
 // first owner), and the next activation of the partition writes with 2.
 func TestFinalCycleWritesOneRecordPerKey(t *testing.T) {
 	brokers := testbroker.Brokers(t)
 	id := testbroker.Topic(t, "app")
-	c := newCountApp(t, id, app.WithCommitInterval(time.Hour))
+	c := newCountApp(t, id, app.WithCommitInterval(time.Hour), app.WithIdleCommit(-1))
 	keys := append(wordPerPartition("a"), wordPerPartition("b")...)
 	recs, want := words(400, keys...)
 	dir := t.TempDir()
@@ -163,7 +163,7 @@ func wantEpochs(t *testing.T, dir string, epoch int64) {
 func TestFullCacheStartsCycle(t *testing.T) {
 	brokers := testbroker.Brokers(t)
 	id := testbroker.Topic(t, "app")
-	c := newCountApp(t, id, app.WithCommitInterval(time.Hour), app.WithCacheBytes(1))
+	c := newCountApp(t, id, app.WithCommitInterval(time.Hour), app.WithIdleCommit(-1), app.WithCacheBytes(1))
 	keys := wordPerPartition("k")
 	dir := t.TempDir()
 	_, stop := goWorker(t, c.app, brokers, dir)
@@ -280,4 +280,18 @@ func TestChangelogRecordTooLargeStopsWorker(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("worker still running 30 s after a changelog record too large to write")
 	}
+}
+
+// A task that processed records and then hands out none for the idle
+// interval cycles at once: with a commit interval longer than the test, the
+// group still reaches lag 0 while the worker runs, the changelog holds the
+// counts, and no cache had to fill.
+func TestIdleTaskCyclesEarly(t *testing.T) {
+	brokers := testbroker.Brokers(t)
+	id := testbroker.Topic(t, "app")
+	c := newCountApp(t, id, app.WithCommitInterval(time.Hour))
+	recs, want := words(200, wordPerPartition("i")...)
+	dir := t.TempDir()
+	runWorker(t, brokers, c, dir, recs...) // waits for lag 0 before it stops the worker
+	wantCounts(t, storeTable(t, dir, "counts"), want)
 }

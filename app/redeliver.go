@@ -542,6 +542,7 @@ type claimProducer struct {
 	// the last record handed to the agents; paused holds the poll loop while
 	// a cycle is cut.
 	capped    bool  // set before Open
+	handed    int64 // records handed to the agents; guarded by mu
 	flushed   int64 // guarded by mu
 	nextFetch int64 // guarded by mu
 	paused    bool  // guarded by mu
@@ -680,6 +681,7 @@ func (c *claimProducer) Open(ctx context.Context, emit func(*source.Record, any)
 			}
 			c.wm.Fetched(m.Offset)
 			c.nextFetch = m.Offset + 1
+			c.handed++
 			pl := payload{offset: m.Offset, epoch: c.epoch}
 			c.mu.Unlock()
 			rec := &source.Record{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Timestamp: m.Timestamp}
@@ -841,6 +843,13 @@ func (c *claimProducer) Topic() string { return c.pt.topic }
 
 // Partition implements task.Source.
 func (c *claimProducer) Partition() int32 { return c.pt.p }
+
+// Handed implements task.Source.
+func (c *claimProducer) Handed() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.handed
+}
 
 // Pause implements task.Source: the poll loop hands out no record until
 // Resume, and the cycle's commit point is the offset after the last record

@@ -240,13 +240,32 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 	w := ts.w
 	tick := time.NewTicker(w.cfg.CommitInterval)
 	defer tick.Stop()
+	// An idle task cycles at once: when its sources handed out records since
+	// the last cycle and none in the last idle interval (the partition is
+	// caught up, or the input paused), nothing would join the batch by
+	// waiting, and the state and the commit would only come later.
+	var idleC <-chan time.Time
+	if d := w.idleCommit(); d > 0 {
+		idle := time.NewTicker(d)
+		defer idle.Stop()
+		idleC = idle.C
+	}
+	var cycled, seen int64 // records handed out at the last cycle and the last idle check
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		case <-tr.wake:
+		case <-idleC:
+			n := tr.t.Handed()
+			quiet := n == seen && n != cycled
+			seen = n
+			if !quiet {
+				continue
+			}
 		}
+		cycled = tr.t.Handed()
 		cctx, cancel := context.WithTimeout(ctx, w.flushBudget())
 		st, err := tr.t.Cycle(cctx, w.cutBudget())
 		cancel()
@@ -349,4 +368,16 @@ func permanent(err error) bool {
 		}
 	}
 	return false
+}
+
+// idleCommit is how long a task's sources must hand out nothing before it
+// cycles early (Config.IdleCommit); 0 disables it.
+func (w *Worker) idleCommit() time.Duration {
+	switch d := w.cfg.IdleCommit; {
+	case d < 0:
+		return 0
+	case d > 0:
+		return d
+	}
+	return min(max(w.cfg.CommitInterval/10, 20*time.Millisecond), 200*time.Millisecond)
 }

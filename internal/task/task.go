@@ -53,6 +53,8 @@ type Source interface {
 	AwaitResolved(ctx context.Context, boundary int64) error
 	// Committable lets the source commit offsets up to boundary.
 	Committable(boundary int64)
+	// Handed is how many records the source handed out so far.
+	Handed() int64
 }
 
 // Offset is a source partition's commit offset.
@@ -169,6 +171,17 @@ func (t *Task) Remove(s Source) {
 			return
 		}
 	}
+}
+
+// Handed returns how many records the task's sources handed out so far.
+func (t *Task) Handed() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var n int64
+	for _, s := range t.sources {
+		n += s.Handed()
+	}
+	return n
 }
 
 // Sources returns how many sources feed the task.

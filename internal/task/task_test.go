@@ -62,6 +62,12 @@ func (s *source) AwaitResolved(ctx context.Context, b int64) error {
 	}
 	return nil
 }
+func (s *source) Handed() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.next
+}
+
 func (s *source) Committable(b int64) {
 	s.mu.Lock()
 	s.committed = max(s.committed, b)
