@@ -250,7 +250,13 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 		defer idle.Stop()
 		idleC = idle.C
 	}
+	// The first cycle of a task comes at the first idle check after its
+	// sources handed out a record, idle or not: after a hand-over or a
+	// restart the partition's new state, and its owner's position, reach
+	// the changelog and the group at once (standbys, global replicas and
+	// readers of the changelog see the partition live again).
 	var cycled, seen int64 // records handed out at the last cycle and the last idle check
+	first := true
 	for {
 		select {
 		case <-ctx.Done():
@@ -261,10 +267,11 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 			n := tr.t.Handed()
 			quiet := n == seen && n != cycled
 			seen = n
-			if !quiet {
+			if !quiet && !(first && n > 0) {
 				continue
 			}
 		}
+		first = false
 		cycled = tr.t.Handed()
 		cctx, cancel := context.WithTimeout(ctx, w.flushBudget())
 		st, err := tr.t.Cycle(cctx, w.cutBudget())
