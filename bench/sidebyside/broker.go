@@ -221,6 +221,27 @@ func (b *broker) groupMembers(group, topic string) (n int, stable, allActive boo
 	return len(ds[0].Members), ds[0].State == "Stable", allActive, nil
 }
 
+// memberPartitions returns each member's partitions of topic in group.
+func (b *broker) memberPartitions(group, topic string) (map[string][]int32, error) {
+	ds, err := b.admin.DescribeConsumerGroups([]string{group})
+	if err != nil {
+		return nil, fmt.Errorf("describe group %s: %w", group, err)
+	}
+	out := map[string][]int32{}
+	if len(ds) == 0 {
+		return out, nil
+	}
+	for _, m := range ds[0].Members {
+		a, err := m.GetMemberAssignment()
+		if err != nil || a == nil {
+			out[m.MemberId] = nil
+			continue
+		}
+		out[m.MemberId] = a.Topics[topic]
+	}
+	return out, nil
+}
+
 // producer writes records to the broker with Kafka's default partitioning
 // (the harness picks each record's partition: murmur2 of the key).
 type producer struct{ cl *kgo.Client }
