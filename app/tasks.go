@@ -130,7 +130,7 @@ func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []ta
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	commit := func(ctx context.Context, offs []task.Offset) error { return ts.w.commitSync(sess, offs) }
+	commit := func(ctx context.Context, offs []task.Offset) error { return ts.w.commitSync(ctx, sess, offs) }
 	tr := &taskRun{t: &task.Task{Partition: k.p, Tables: states, Commit: commit}, key: k, refs: 1, state: TaskRunning,
 		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), failed: make(chan struct{})}
 	ts.m[k] = tr
@@ -317,11 +317,30 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 
 // commitSync commits offs for the group member of sess in one OffsetCommit
 // request to the group coordinator and returns the first partition error
-// (for example ILLEGAL_GENERATION once the member was evicted). Sarama's
+// (for example UNKNOWN_MEMBER_ID once the member was evicted). Sarama's
 // session commits report errors only asynchronously; a commit cycle must
-// know before it applies to the store. The offsets are also marked in the
-// session (task.Source.Committable), so Sarama's own commits never go back.
-func (w *Worker) commitSync(sess sarama.ConsumerGroupSession, offs []task.Offset) error {
+// know before it applies to the store. A rebalance in progress, or a
+// generation the coordinator moved past while this member's session is
+// being carried into the next one (cooperative rebalancing), is retried
+// every 50 ms with the session's current generation until ctx ends. The
+// offsets are also marked in the session (task.Source.Committable), so
+// Sarama's own commits never go back.
+func (w *Worker) commitSync(ctx context.Context, sess sarama.ConsumerGroupSession, offs []task.Offset) error {
+	for {
+		err := w.commitOnce(sess, offs)
+		if err == nil || !(errors.Is(err, sarama.ErrRebalanceInProgress) || errors.Is(err, sarama.ErrIllegalGeneration) ||
+			errors.Is(err, sarama.ErrNotCoordinatorForConsumer) || errors.Is(err, sarama.ErrConsumerCoordinatorNotAvailable)) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (%w)", err, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (w *Worker) commitOnce(sess sarama.ConsumerGroupSession, offs []task.Offset) error {
 	coord, err := w.meta.Coordinator(w.app.id)
 	if err != nil {
 		return fmt.Errorf("commit: coordinator of %s: %w", w.app.id, err)
@@ -353,6 +372,9 @@ func (w *Worker) commitSync(sess sarama.ConsumerGroupSession, offs []task.Offset
 	}
 	for _, o := range offs {
 		if kerr, ok := resp.Errors[o.Topic][o.Partition]; ok && kerr != sarama.ErrNoError {
+			if kerr == sarama.ErrNotCoordinatorForConsumer || kerr == sarama.ErrConsumerCoordinatorNotAvailable {
+				_ = w.meta.RefreshCoordinator(w.app.id)
+			}
 			return fmt.Errorf("commit %s[%d]@%d (generation %d): %w", o.Topic, o.Partition, o.Offset, sess.GenerationID(), kerr)
 		}
 	}
