@@ -60,7 +60,7 @@ func (h *handler) Setup(sess sarama.ConsumerGroupSession) error {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				sess.Commit()
+				w.sessionCommit(sess)
 			}
 		}
 	}()
@@ -75,10 +75,18 @@ func (h *handler) Cleanup(sess sarama.ConsumerGroupSession) error {
 		cancel()
 	}
 	h.bg.Wait()
-	sess.Commit()
+	h.w.sessionCommit(sess)
 	h.w.setReady(false)
 	h.w.log.Info("session ended", "generation", sess.GenerationID())
 	return nil
+}
+
+// sessionCommit commits the session's marked offsets (Sarama), ordered with
+// the commit cycles' own commits (Worker.commitMu).
+func (w *Worker) sessionCommit(sess sarama.ConsumerGroupSession) {
+	w.commitMu.Lock()
+	defer w.commitMu.Unlock()
+	sess.Commit()
 }
 
 func (w *Worker) setReady(r bool) {

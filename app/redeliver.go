@@ -391,7 +391,7 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 		}
 	}
 	cancelFlush()
-	pt.sess.Commit()
+	w.sessionCommit(pt.sess)
 	if taskErr != nil {
 		if ctx.Err() != nil {
 			return nil, false

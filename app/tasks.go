@@ -130,7 +130,17 @@ func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []ta
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	commit := func(ctx context.Context, offs []task.Offset) error { return ts.w.commitSync(ctx, sess, offs) }
+	commit := func(ctx context.Context, offs []task.Offset) error {
+		ts.w.commitMu.Lock()
+		defer ts.w.commitMu.Unlock()
+		if err := ts.w.commitSync(ctx, sess, offs); err != nil {
+			return err
+		}
+		for _, o := range offs {
+			sess.MarkOffset(o.Topic, o.Partition, o.Offset, "")
+		}
+		return nil
+	}
 	tr := &taskRun{t: &task.Task{Partition: k.p, Tables: states, Commit: commit}, key: k, refs: 1, state: TaskRunning,
 		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), failed: make(chan struct{})}
 	ts.m[k] = tr

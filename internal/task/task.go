@@ -282,9 +282,13 @@ func (t *Task) Cycle(ctx context.Context, cut time.Duration) (Stats, error) {
 		t.Abandon(fmt.Errorf("flush: %w", err))
 		return st, t.Err() // wraps ErrAbandoned, not ErrStopped
 	}
+	// The offsets are committed, and only then may the sources commit them
+	// too (Committable): an offset marked before the broker confirmed it
+	// could be committed later behind the task's back, after the partition
+	// moved and its next owner restored without this cycle, and the records
+	// below it would never be processed again.
 	offsets := make([]Offset, len(srcs))
 	for i, s := range srcs {
-		s.Committable(bounds[i])
 		offsets[i] = Offset{Topic: s.Topic(), Partition: s.Partition(), Offset: bounds[i]}
 	}
 	if t.Commit != nil {
@@ -295,6 +299,9 @@ func (t *Task) Cycle(ctx context.Context, cut time.Duration) (Stats, error) {
 			t.Abandon(fmt.Errorf("commit: %w", err))
 			return st, t.Err()
 		}
+	}
+	for i, s := range srcs {
+		s.Committable(bounds[i])
 	}
 	for _, f := range flushes {
 		if aerr := f.Apply(); aerr != nil && err == nil {

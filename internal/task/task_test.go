@@ -271,8 +271,12 @@ func TestCycleFailures(t *testing.T) {
 	src.hand()
 	inc(t, counts, ev, "a")
 	src.resolve(3)
+	committed := src.committed
 	if _, err := tk.Cycle(context.Background(), time.Second); !errors.Is(err, task.ErrAbandoned) {
 		t.Fatalf("cycle with a failed commit: %v, want ErrAbandoned", err)
+	}
+	if src.committed != committed {
+		t.Fatalf("committable %d after a failed commit, want %d: an offset the broker did not take must not be handed to the source", src.committed, committed)
 	}
 	if v, _, _ := st.Get(0, []byte("a")); string(v) != "2" {
 		t.Fatalf("store a=%q after a failed commit, want 2 (not applied)", v)
