@@ -69,12 +69,12 @@ type Worker struct {
 	ready      bool                              // every active partition restored; guarded by mu
 	claims     map[restoreKey]context.CancelFunc // running claims (topic, partition); guarded by mu
 
-	processed    atomic.Int64 // source records resolved (Advance)
+	processed atomic.Int64 // source records resolved (Advance)
 	// commitMu orders the offset commits of the session (Sarama's, from
 	// marked offsets) with the commit cycles' own: a cycle's commit and the
 	// marking of its offsets happen under it, so that Sarama never commits
 	// an older marked offset after a cycle committed a newer one.
-	commitMu sync.Mutex
+	commitMu     sync.Mutex
 	restored     atomic.Int64 // changelog records replayed by active restores
 	restoredSpan atomic.Int64 // changelog offsets covered by active restores
 	fatal        fatalState   // agent.StopWorker errors end Run (redeliver.go)
