@@ -129,7 +129,7 @@ func (x *startIndex) popThrough(limit int64) []indexed {
 // streamTime); closedUpTo <= streamTime; every window with end + grace <= the
 // persisted watermark has been closed (OnClose ran) before.
 type windowPart struct {
-	dirty atomic.Bool // a bound write failed: rebuild from the store before the next use
+	dirty atomic.Bool // an update failed midway: rebuild from the store before the next use
 
 	mu         sync.Mutex
 	st         int64      // stream time, ms; none before the first write; guarded by mu
@@ -271,7 +271,10 @@ func (wp *windowPart) update(w windowParams, s *State, ev Event, kb []byte, at i
 			return 0, nil, err
 		}
 	}
-	wev := watch(ev, wp)
+	// Writes go to the partition's commit cycle; a cycle that fails drops
+	// the caches and the task rebuilds this index from the store
+	// (ActivatePartition), so no write needs watching here.
+	wev := ev
 	wp.st = max(wp.st, at)
 	n := 0
 	for _, start := range w.ws.startsContaining(at) {
@@ -350,40 +353,3 @@ func (wp *windowPart) expire(w windowParams, s *State, wev Event, p int32, route
 	}
 	return closes, nil
 }
-
-// watch wraps ev so that a failed bound write (send error or broker error)
-// marks wp dirty: its in-memory index and watermark may then be ahead of the
-// store, and the next update rebuilds them from the store (the failed
-// record is redelivered and applied again).
-func watch(ev Event, wp *windowPart) Event {
-	w := watchedEvent{Event: ev, wp: wp}
-	if o, ok := ev.(Originator); ok {
-		return watchedOriginEvent{watchedEvent: w, o: o}
-	}
-	return w
-}
-
-type watchedEvent struct {
-	Event
-	wp *windowPart
-}
-
-func (e watchedEvent) BindPersist() (func(error), bool) {
-	done, ok := e.Event.BindPersist()
-	if !ok {
-		return nil, false
-	}
-	return func(err error) {
-		if err != nil {
-			e.wp.dirty.Store(true)
-		}
-		done(err)
-	}, true
-}
-
-type watchedOriginEvent struct {
-	watchedEvent
-	o Originator
-}
-
-func (e watchedOriginEvent) Origin() Origin { return e.o.Origin() }
