@@ -454,6 +454,28 @@ func (r *Restorer) fetchAt(topic string, p int32, offset, end int64) ([]fetched,
 	return out, next, batches == 0 && limit >= end, nil
 }
 
+// SkipControl returns the offset a reader at from may commit without missing
+// a data record: from when a data record (or nothing readable yet) is there;
+// otherwise past the transaction markers and, under read_committed, the
+// aborted records that start at from, up to the next data record or the end
+// of what one fetch returned. A consumer is never given those records, so a
+// source that processed everything before them would otherwise commit an
+// offset one marker short of the highwater for ever. One fetch; the reader's
+// isolation level is the client's.
+func (r *Restorer) SkipControl(topic string, p int32, from int64) (int64, error) {
+	recs, next, _, err := r.fetchAt(topic, p, from, from+1)
+	if err != nil {
+		return from, fmt.Errorf("skip control records of %s[%d] at %d: %w", topic, p, from, err)
+	}
+	to := max(from, next)
+	for _, rec := range recs {
+		if rec.offset >= from && rec.offset < to {
+			to = rec.offset
+		}
+	}
+	return to, nil
+}
+
 // onlyControlBelow reports whether [from, end) holds no data record a reader
 // is given: every batch there is a control batch (transaction markers) or,
 // under read_committed, a batch of an aborted transaction; or nothing is left
