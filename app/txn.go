@@ -210,7 +210,7 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 	}
 	sess := x.sess
 	commit := func(ctx context.Context, offs []task.Offset, flushed bool) error {
-		if !flushed && x.unchanged(offs) {
+		if !flushed && (len(offs) == 0 || x.unchanged(offs)) {
 			return nil // no record since the last commit: nothing to commit
 		}
 		start := time.Now()

@@ -309,7 +309,12 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		if err != nil {
 			return err
 		}
-		go w.txn.loop(ctx)
+		// The cycle loop stops before the producer closes (closers run in
+		// reverse order).
+		lctx, stopLoop := context.WithCancel(ctx)
+		loopDone := make(chan struct{})
+		go func() { defer close(loopDone); w.txn.loop(lctx) }()
+		closers = append(closers, func() error { stopLoop(); <-loopDone; return nil })
 	}
 	send := func(topic string, p int32, key, value []byte, done func(int64, error)) error {
 		return w.producer.Send(&sarama.ProducerMessage{Topic: topic, Partition: p, Key: bytesOrNil(key), Value: bytesOrNil(value)},

@@ -699,6 +699,16 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 				if len(pending) > 0 {
 					release()
 				}
+				if len(pending) == 0 && pc.HighWaterMarkOffset() > pos {
+					// Caught up but short of the highwater: a transactional
+					// writer's commit marker (never given to a reader) may
+					// end the log. The checkpoint moves past it, so the
+					// follower's lag reads 0.
+					if to, err := r.SkipControl(topic, p, pos); err == nil && to > pos {
+						pos = to
+						b.Offset = to - 1
+					}
+				}
 				if err := flush(); err != nil {
 					return n, skipped, err
 				}
