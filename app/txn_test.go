@@ -9,18 +9,39 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/changelog"
 	"github.com/runnel-dev/runnel/internal/testbroker"
 )
 
-// readCommitted returns the values of partition 0 of topic as a
-// read_committed consumer sees them, waiting until no record arrived for a
-// second (control records take offsets, so the highwater is no end mark).
+// readCommitted counts the values of partition 0 of topic as a
+// read_committed consumer sees them.
 func (f *ackFixture) readCommitted(topic string) map[string]int {
+	f.t.Helper()
+	out := map[string]int{}
+	for _, m := range f.readCommittedRecords(topic) {
+		out[string(m.Value)]++
+	}
+	return out
+}
+
+// readCommittedRecords returns the records of partition 0 of topic as a
+// read_committed consumer gets them, up to the highwater: it ends when only
+// control records (transaction markers) or aborted ones are left below it.
+func (f *ackFixture) readCommittedRecords(topic string) []*sarama.ConsumerMessage {
 	f.t.Helper()
 	f.waitTopic(topic)
 	cfg := testbroker.SaramaConfig(f.t)
 	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
-	cons, err := sarama.NewConsumer(f.brokers, cfg)
+	client, err := sarama.NewClient(f.brokers, cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer client.Close()
+	hwm, err := client.GetOffset(topic, 0, sarama.OffsetNewest)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	cons, err := sarama.NewConsumerFromClient(client)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -30,13 +51,22 @@ func (f *ackFixture) readCommitted(topic string) map[string]int {
 		f.t.Fatal(err)
 	}
 	defer pc.Close()
-	out := map[string]int{}
+	rs := &changelog.Restorer{Client: client}
+	var out []*sarama.ConsumerMessage
+	next := int64(0)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
+		if to, err := rs.SkipControl(topic, 0, next); err == nil && to >= hwm {
+			return out
+		}
 		select {
 		case m := <-pc.Messages():
-			out[string(m.Value)]++
-		case <-time.After(time.Second):
-			return out
+			out = append(out, m)
+			next = m.Offset + 1
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("read %s (read_committed): %d records before the timeout, highwater %d", topic, len(out), hwm)
 		}
 	}
 }

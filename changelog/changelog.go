@@ -411,12 +411,16 @@ func (r *Restorer) fetchAt(topic string, p int32, offset, end int64) ([]fetched,
 	}
 	// Under read_committed a batch of a producer at or after the first
 	// offset of one of its aborted transactions is aborted data, up to that
-	// producer's next control batch (the abort marker).
-	abortedFrom := map[int64]int64{}
+	// producer's next control batch (the abort marker). Each aborted
+	// transaction is used up by the batch that reaches it: the producer's
+	// later transactions may have committed (the Java consumer keeps the
+	// same queue, ordered by first offset).
+	abortedFrom := map[int64][]int64{}
 	for _, at := range blk.AbortedTransactions {
-		if cur, ok := abortedFrom[at.ProducerID]; !ok || at.FirstOffset < cur {
-			abortedFrom[at.ProducerID] = at.FirstOffset
-		}
+		abortedFrom[at.ProducerID] = append(abortedFrom[at.ProducerID], at.FirstOffset)
+	}
+	for _, firsts := range abortedFrom {
+		slices.Sort(firsts)
 	}
 	aborting := map[int64]bool{}
 	var out []fetched
@@ -432,8 +436,12 @@ func (r *Restorer) fetchAt(topic string, p int32, offset, end int64) ([]fetched,
 			next = max(next, rb.LastOffset()+1)
 		}
 		if iso == sarama.ReadCommitted && rb.IsTransactional {
-			if first, ok := abortedFrom[rb.ProducerID]; ok && rb.FirstOffset >= first {
+			if firsts := abortedFrom[rb.ProducerID]; len(firsts) > 0 && rb.FirstOffset >= firsts[0] {
 				aborting[rb.ProducerID] = true
+				for len(firsts) > 0 && firsts[0] <= rb.FirstOffset {
+					firsts = firsts[1:]
+				}
+				abortedFrom[rb.ProducerID] = firsts
 			}
 		}
 		if rb.Control {
