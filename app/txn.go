@@ -309,12 +309,21 @@ func (x *txnCycles) assigned(gen int32) {
 	x.joining.Store(false)
 }
 
+// txnTimeout is the transaction timeout under ExactlyOnce: four commit
+// intervals, at least 10 s (Kafka Streams' exactly-once default) and at most
+// 15 min (Kafka's default transaction.max.timeout.ms, above which the broker
+// refuses the producer).
+func (w *Worker) txnTimeout() time.Duration {
+	return min(max(10*time.Second, 4*w.cfg.CommitInterval), 15*time.Minute)
+}
+
 // loop runs cycles every commit interval, when a cache is full (wake), and
 // when the tasks' sources handed out records since the last cycle but none
 // in the last idle interval (as taskSet.loop does per task).
 func (x *txnCycles) loop(ctx context.Context) {
 	w := x.w
-	tick := time.NewTicker(w.cfg.CommitInterval)
+	// A transaction must commit well within its timeout.
+	tick := time.NewTicker(min(w.cfg.CommitInterval, w.txnTimeout()/2))
 	defer tick.Stop()
 	var idleC <-chan time.Time
 	if d := w.idleCommit(); d > 0 {

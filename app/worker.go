@@ -271,7 +271,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		// read_committed readers of its partitions (the next owner's
 		// restore among them) until the broker aborts it: Kafka Streams
 		// uses 10 s under exactly-once too.
-		pc.Producer.Transaction.Timeout = max(10*time.Second, 4*w.cfg.CommitInterval)
+		pc.Producer.Transaction.Timeout = w.txnTimeout()
 		w.txn = newTxnCycles(w)
 	}
 	var closers []func() error
