@@ -87,9 +87,14 @@ type Config struct {
 	Session, Heartbeat, Rebalance, FetchMaxWait time.Duration
 	// Logger receives the app's logs; default slog on stderr.
 	Logger *slog.Logger
-	// HTTPAddr is where a worker serves /healthz, /readyz, /metrics and
-	// /api/assignment; empty disables it. Env RUNNEL_HTTP_ADDR.
+	// HTTPAddr is where a worker serves /healthz, /readyz, /metrics, the
+	// status page and the JSON API (docs/http-api.md); empty disables it.
+	// An address without a host (":8080") binds to localhost only; name the
+	// host to listen on others ("0.0.0.0:8080"). Env RUNNEL_HTTP_ADDR.
 	HTTPAddr string
+	// Pprof serves Go's profiles under /debug/pprof/ on HTTPAddr; default
+	// off. WithPprof, worker --pprof.
+	Pprof bool
 
 	redelivery            Redelivery // WithRedelivery (redeliver.go)
 	devTopic, devKeyField string

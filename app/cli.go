@@ -80,6 +80,7 @@ func (a *App) Command() *cobra.Command {
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "text or json (slog)")
 
 	var httpAddr, instanceID string
+	var pprofOn bool
 	worker := &cobra.Command{
 		Use:   "worker",
 		Short: "Join the consumer group and process records until SIGTERM",
@@ -91,6 +92,7 @@ func (a *App) Command() *cobra.Command {
 			if instanceID != "" {
 				a.cfg.InstanceID = instanceID
 			}
+			a.cfg.Pprof = a.cfg.Pprof || pprofOn
 			w, err := a.NewWorker(WorkerOptions{})
 			if err != nil {
 				return err
@@ -98,7 +100,8 @@ func (a *App) Command() *cobra.Command {
 			return w.Run(cmd.Context())
 		},
 	}
-	worker.Flags().StringVar(&httpAddr, "http-addr", "", "serve /healthz, /readyz, /metrics, /api/assignment here (env RUNNEL_HTTP_ADDR)")
+	worker.Flags().StringVar(&httpAddr, "http-addr", "", "serve the status page, /metrics, /healthz, /readyz and the JSON API here; \":8080\" binds localhost, \"0.0.0.0:8080\" every interface (env RUNNEL_HTTP_ADDR)")
+	worker.Flags().BoolVar(&pprofOn, "pprof", false, "serve Go profiles under /debug/pprof/ on --http-addr")
 	worker.Flags().StringVar(&instanceID, "instance-id", "", "static group membership (KIP-345): this worker's own stable ID (env RUNNEL_INSTANCE_ID)")
 
 	var do DevOptions

@@ -469,7 +469,7 @@ func (w *Worker) DeadLettered() int64 { return w.metrics.nDeadLettered.Load() }
 // JSON API (status.go) on addr.
 func (w *Worker) serveHTTP(addr string) (func() error, error) {
 	mux := w.httpMux()
-	ln, err := net.Listen("tcp", addr)
+	ln, err := net.Listen("tcp", listenAddr(addr))
 	if err != nil {
 		return nil, fmt.Errorf("http listen %s: %w", addr, err)
 	}
