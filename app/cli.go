@@ -250,6 +250,7 @@ with --from-line.`,
 	send.Flags().IntVar(&sendFrom, "from-line", 0, "produce only from this line on (1-based; the resume line of a failed send); earlier lines are still validated")
 
 	root.AddCommand(worker, dev, describe, tables, send, a.assignmentCommand())
+	root.AddCommand(a.dlqCommand()) // dlq_cmd.go
 	return root
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,6 +29,8 @@ type opsApp struct {
 	out    *agent.Topic[string, string]
 	counts *table.Table[string, int64]
 	addr   string
+	// fixed makes agent fwd forward "bad" too (the fix before a replay).
+	fixed atomic.Bool
 }
 
 func newOpsApp(t *testing.T, id string, opts ...app.Option) *opsApp {
@@ -54,7 +57,7 @@ func newOpsApp(t *testing.T, id string, opts ...app.Option) *opsApp {
 	})
 	agent.New(o.app, "fwd", o.words, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if ev.Value == "bad" {
+			if ev.Value == "bad" && !o.fixed.Load() {
 				ev.Reject(errors.New("value is bad"))
 				continue
 			}

@@ -1,0 +1,183 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/app"
+	"github.com/runnel-dev/runnel/internal/testbroker"
+)
+
+// runCLI runs the app's command line with args against brokers and returns
+// its stdout.
+func runCLI(t *testing.T, a *app.App, brokers []string, args ...string) string {
+	t.Helper()
+	cmd := a.Command()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs(append(args, "--brokers", strings.Join(brokers, ",")))
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		t.Fatalf("%v: %v\n%s", args, err, errOut.String())
+	}
+	return out.String()
+}
+
+// total returns the sum of topic's highwaters.
+func total(t *testing.T, client sarama.Client, topic string) int64 {
+	t.Helper()
+	if err := client.RefreshMetadata(topic); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := client.Partitions(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, p := range ps {
+		hw, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += hw
+	}
+	return n
+}
+
+// runUntilLag0 runs a worker of o until the group consumed the words topic.
+func runUntilLag0(t *testing.T, o *opsApp, brokers []string, dir string, before func()) *app.Worker {
+	t.Helper()
+	w, err := o.app.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	client := newClient(t, brokers)
+	waitTopic(t, client, o.words.Name())
+	if before != nil {
+		before()
+	}
+	err = app.WaitForLag0(ctx, client, o.app.ID(), []string{o.words.Name()}, 30*time.Second)
+	cancel()
+	if werr := <-done; werr != nil {
+		t.Fatal(werr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// TestDeadLetterCommands dead-letters 3 of 40 records, then checks `dlq
+// list`, `dlq tail`, a dry-run replay (sends nothing), a replay after the
+// fix (the 3 records back on their source partitions, processed by a fixed
+// worker into the sink, no new dead letters) and that a second replay sends
+// nothing.
+func TestDeadLetterCommands(t *testing.T) {
+	brokers := testbroker.Brokers(t)
+	id := testbroker.Topic(t, "app")
+	o := newOpsApp(t, id)
+	dir := t.TempDir()
+	client := newClient(t, brokers)
+	var sentAt [][2]int64
+	w := runUntilLag0(t, o, brokers, dir, func() {
+		var recs []kv
+		for i := range 40 {
+			v := "ok"
+			if i%13 == 5 {
+				v = "bad"
+			}
+			recs = append(recs, kv{"k" + string(rune('a'+i%10)), v})
+		}
+		sentAt = send(t, brokers, o.words.Name(), recs...)
+	})
+	if w.DeadLettered() != 3 {
+		t.Fatalf("worker dead-lettered %d, want 3", w.DeadLettered())
+	}
+	dlqTopic := id + "-fwd-dlq"
+
+	list := runCLI(t, o.app, brokers, "dlq", "list")
+	if !strings.Contains(list, "fwd    "+dlqTopic+"    3") || !strings.Contains(list, "count  "+id+"-count-dlq") {
+		t.Errorf("dlq list:\n%s", list)
+	}
+	if f := strings.Fields(strings.Split(list, "\n")[2]); len(f) != 4 || f[2] != "3" || f[3] != "3" {
+		t.Errorf("dlq list, fwd line: %q, want 3 records, 3 not replayed", f)
+	}
+
+	tail := runCLI(t, o.app, brokers, "dlq", "tail", "fwd", "-n", "2")
+	// The bad records are i = 5, 18, 31: the latest two are 18 and 31.
+	for _, i := range []int{18, 31} {
+		from := "from " + o.words.Name() + "[" + itoa(sentAt[i][0]) + "]@" + itoa(sentAt[i][1])
+		if !strings.Contains(tail, from) {
+			t.Errorf("dlq tail lacks %q:\n%s", from, tail)
+		}
+	}
+	if strings.Count(tail, "reason: value is bad") != 2 || strings.Count(tail, "from ") != 2 {
+		t.Errorf("dlq tail -n 2:\n%s", tail)
+	}
+
+	before := total(t, client, o.words.Name())
+	dry := runCLI(t, o.app, brokers, "dlq", "replay", "fwd", "--dry-run")
+	if n := strings.Count(dry, " -> "+o.words.Name()); n != 3 {
+		t.Errorf("dry run lists %d records, want 3:\n%s", n, dry)
+	}
+	if after := total(t, client, o.words.Name()); after != before {
+		t.Fatalf("dry run produced %d records", after-before)
+	}
+
+	// The fix: fwd forwards "bad" records now. Replay, then run the fixed
+	// worker over the replayed records.
+	o.fixed.Store(true)
+	runCLI(t, o.app, brokers, "dlq", "replay", "fwd")
+	if after := total(t, client, o.words.Name()); after != before+3 {
+		t.Fatalf("replay produced %d records, want 3", after-before)
+	}
+	// Each replayed record went back to its source partition.
+	grew := map[int64]int64{}
+	for _, i := range []int{5, 18, 31} {
+		grew[sentAt[i][0]]++
+	}
+	for p, n := range grew {
+		last := int64(-1)
+		for _, at := range sentAt {
+			if at[0] == p {
+				last = max(last, at[1])
+			}
+		}
+		hw, err := client.GetOffset(o.words.Name(), int32(p), sarama.OffsetNewest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hw != last+1+n {
+			t.Errorf("partition %d: highwater %d, want %d + %d replayed", p, hw, last+1, n)
+		}
+	}
+	w2 := runUntilLag0(t, o, brokers, dir, nil)
+	if w2.DeadLettered() != 0 || w2.Processed() != 3 {
+		t.Errorf("fixed worker: processed %d, dead-lettered %d; want 3, 0", w2.Processed(), w2.DeadLettered())
+	}
+	if n := total(t, client, o.out.Name()); n != 40 {
+		t.Errorf("sink holds %d records, want 37 + 3 replayed", n)
+	}
+	if n := total(t, client, dlqTopic); n != 3 {
+		t.Errorf("dead-letter topic holds %d records, want 3", n)
+	}
+	if f := strings.Fields(strings.Split(runCLI(t, o.app, brokers, "dlq", "list"), "\n")[2]); len(f) != 4 || f[3] != "0" {
+		t.Errorf("dlq list after the replay, fwd line: %q, want 0 not replayed", f)
+	}
+	if again := runCLI(t, o.app, brokers, "dlq", "replay", "fwd"); again != "" {
+		t.Errorf("second replay sent:\n%s", again)
+	}
+	if after := total(t, client, o.words.Name()); after != before+3 {
+		t.Errorf("second replay produced %d records", after-before-3)
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
