@@ -318,7 +318,8 @@ func (a *App) Topology() (*topology.Graph, error) {
 		g.Topics = append(g.Topics, topology.Topic{Name: n, Partitions: t.Partitions(), KeyCodec: t.KeyCodec(), ValueCodec: t.ValueCodec()})
 	}
 	for _, r := range a.agents {
-		g.Agents = append(g.Agents, topology.Agent{Name: r.Name(), Source: r.Topic()})
+		g.Agents = append(g.Agents, topology.Agent{Name: r.Name(), Source: r.Topic(), Sinks: nonNilStrings(r.Settings().Sinks),
+			Tables: nonNilStrings(r.Settings().Tables), DeadLetterTopic: a.DeadLetterTopic(r.Name())})
 	}
 	for _, d := range a.tables {
 		g.Tables = append(g.Tables, topology.Table{Name: d.Name(), Changelog: d.Changelog(), Partitions: d.Partitions(),
@@ -329,4 +330,12 @@ func (a *App) Topology() (*topology.Graph, error) {
 		errs = append(errs, err)
 	}
 	return g, joinErrors(errs)
+}
+
+// nonNilStrings returns s, or an empty slice for nil (JSON [] rather than null).
+func nonNilStrings(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }

@@ -143,10 +143,10 @@ func (a *App) Command() *cobra.Command {
 	dev.Flags().BoolVar(&noProgress, "no-progress", false, "do not draw the loading progress bar (it is drawn only on a terminal)")
 	dev.Flags().DurationVar(&do.Timeout, "timeout", 10*time.Minute, "give up when the input is not processed within this time")
 
-	var describeJSON bool
+	var describeJSON, describeDOT bool
 	describe := &cobra.Command{
 		Use:   "describe",
-		Short: "Print the topics, agents, tables and co-partitioned groups",
+		Short: "Print the topics, agents (sinks, tables written, dead-letter topics), tables and co-partitioned groups",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			g, err := a.Topology()
@@ -156,10 +156,14 @@ func (a *App) Command() *cobra.Command {
 			if describeJSON {
 				return g.WriteJSON(cmd.OutOrStdout())
 			}
+			if describeDOT {
+				return g.WriteDOT(cmd.OutOrStdout())
+			}
 			return g.WriteText(cmd.OutOrStdout())
 		},
 	}
 	describe.Flags().BoolVar(&describeJSON, "json", false, "print JSON")
+	describe.Flags().BoolVar(&describeDOT, "dot", false, "print a Graphviz DOT graph (render with: dot -Tsvg)")
 
 	tables := &cobra.Command{Use: "tables", Short: "List and dump tables"}
 	tables.AddCommand(&cobra.Command{

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-multierror"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/changelog"
@@ -56,6 +57,7 @@ type metrics struct {
 	generation   prometheus.Gauge
 
 	nRetried, nDeadLettered atomic.Int64
+	undeclared              sync.Map // agent + "\x00" + topic: undeclared sinks logged
 
 	mu          sync.Mutex
 	claims      map[restoreKey]*claimPos          // running claims (topic, partition); guarded by mu
@@ -207,17 +209,25 @@ func (m *metrics) agentFailed(topic, agent string, err error) {
 }
 
 // agentEnv returns env with a Send that counts the acknowledged sink records
-// of agent.
-func (m *metrics) agentEnv(env *table.Env, agent string) *table.Env {
+// of agent r, and logs once per topic a sink r did not declare
+// (agent.SendsTo).
+func (w *Worker) agentEnv(env *table.Env, r agent.Runner) *table.Env {
+	m, name := w.metrics, r.Name()
 	e := *env
 	send := env.Send
 	if send == nil {
 		return &e
 	}
+	declared := r.Settings().Sinks
 	e.Send = func(topic string, p int32, key, value []byte, done func(int64, error)) error {
+		if !slices.Contains(declared, topic) {
+			if _, seen := m.undeclared.LoadOrStore(name+"\x00"+topic, true); !seen {
+				w.log.Info("agent sends to a topic it did not declare with agent.SendsTo; describe does not show it", "agent", name, "topic", topic)
+			}
+		}
 		return send(topic, p, key, value, func(off int64, err error) {
 			if err == nil {
-				m.sent.WithLabelValues(topic, agent).Inc()
+				m.sent.WithLabelValues(topic, name).Inc()
 			}
 			if done != nil {
 				done(off, err)

@@ -54,7 +54,7 @@ func newOpsApp(t *testing.T, id string, opts ...app.Option) *opsApp {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(o.counts))
 	agent.New(o.app, "fwd", o.words, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
 			if ev.Value == "bad" && !o.fixed.Load() {
@@ -66,7 +66,7 @@ func newOpsApp(t *testing.T, id string, opts ...app.Option) *opsApp {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.SendsTo(o.out))
 	return o
 }
 

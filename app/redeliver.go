@@ -444,7 +444,7 @@ func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source
 	w := pt.w
 	policy := r.Settings().OnError
 	failures := 0
-	env := w.metrics.agentEnv(pt.env, r.Name())
+	env := w.agentEnv(pt.env, r)
 	for {
 		began := time.Now()
 		err := r.Run(actx, pt.p, sub, env)
