@@ -3,6 +3,9 @@ package app_test
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -188,3 +191,32 @@ func TestDeadLetterCommands(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestDevSummary checks the line dev prints before the tables: 10 input
+// records processed by one worker, 2 of them dead-lettered.
+func TestDevSummary(t *testing.T) {
+	o := newOpsApp(t, "dev-summary", app.WithDevInput("words", "key"))
+	input := filepath.Join(t.TempDir(), "in.jsonl")
+	var lines []string
+	for i := range 10 {
+		v := "ok"
+		if i == 3 || i == 7 {
+			v = "bad"
+		}
+		lines = append(lines, fmt.Sprintf(`{"key": "k%d", "v": %q}`, i%4, v))
+	}
+	if err := os.WriteFile(input, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := o.app.Dev(context.Background(), app.DevOptions{Workers: 1, Input: input, Out: &out, DataDir: t.TempDir()}); err != nil {
+		t.Fatal(err)
+	}
+	first, _, _ := strings.Cut(out.String(), "\n")
+	if want := "processed 10 records, retried 0, dead-lettered 2 "; !strings.HasPrefix(first, want) {
+		t.Errorf("dev summary %q, want it to start with %q", first, want)
+	}
+	if !strings.Contains(out.String(), "counts (4 keys)") {
+		t.Errorf("dev output:\n%s", out.String())
+	}
+}

@@ -22,7 +22,8 @@ import (
 
 // opsApp is an app with a table writer, a sink and dead letters: agent
 // "count" counts words into table "counts"; agent "fwd" forwards each record
-// to topic "out", and rejects the value "bad" (a dead letter).
+// to topic "out", rejects values containing "bad" (a dead letter) and fails
+// on "poison" (redelivered, then dead-lettered).
 type opsApp struct {
 	app    *app.App
 	words  *agent.Topic[string, string]
@@ -57,9 +58,12 @@ func newOpsApp(t *testing.T, id string, opts ...app.Option) *opsApp {
 	}, agent.WritesTo(o.counts))
 	agent.New(o.app, "fwd", o.words, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if ev.Value == "bad" && !o.fixed.Load() {
+			if strings.Contains(ev.Value, "bad") && !o.fixed.Load() {
 				ev.Reject(errors.New("value is bad"))
 				continue
+			}
+			if ev.Value == "poison" {
+				return errors.New("poison")
 			}
 			if err := o.out.Send(ev, ev.Key, ev.Value); err != nil {
 				return err
@@ -162,7 +166,7 @@ func wantSample(t *testing.T, body string, want float64, name string, labels ...
 func TestMetricsAfterRecords(t *testing.T) {
 	brokers := testbroker.Brokers(t)
 	id := testbroker.Topic(t, "app")
-	o := newOpsApp(t, id)
+	o := newOpsApp(t, id, app.WithRedelivery(app.Redelivery{MaxRetries: 2, Backoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}))
 	w, err := o.app.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -242,4 +246,18 @@ func TestMetricsAfterRecords(t *testing.T) {
 	body = httpGet(t, "http://"+o.addr+"/metrics")
 	wantSample(t, body, 42, "runnel_records_processed_total", "topic="+words, "agent=count")
 	wantSample(t, body, 39, "runnel_records_sent_total", "topic="+o.out.Name(), "agent=fwd")
+
+	// A record that always fails: 2 redeliveries (MaxRetries), then a dead
+	// letter.
+	send(t, brokers, words, kv{"w4", "poison"})
+	if err := app.WaitForLag0(ctx, client, o.app.ID(), []string{words}, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	body = httpGet(t, "http://"+o.addr+"/metrics")
+	wantSample(t, body, 2, "runnel_records_retried_total", "topic="+words, "agent=fwd")
+	wantSample(t, body, 4, "runnel_dead_letters_total", "topic="+words, "agent=fwd")
+	wantSample(t, body, 39, "runnel_records_sent_total", "topic="+o.out.Name(), "agent=fwd")
+	if w.Retried() != 2 || w.DeadLettered() != 4 {
+		t.Errorf("Retried, DeadLettered = %d, %d; want 2, 4", w.Retried(), w.DeadLettered())
+	}
 }
