@@ -86,6 +86,13 @@ func readDeadLetters(ctx context.Context, client sarama.Client, topic string, fr
 	if err != nil {
 		return fmt.Errorf("partitions of %s: %w", topic, err)
 	}
+	// Under ExactlyOnce a dead letter is written in the cycle's transaction:
+	// one of an aborted transaction was never dead-lettered (its record is
+	// processed again), so only committed ones are read. The client is this
+	// command's own.
+	if client.Config().Version.IsAtLeast(sarama.V0_11_0_0) {
+		client.Config().Consumer.IsolationLevel = sarama.ReadCommitted
+	}
 	consumer, err := sarama.NewConsumerFromClient(client)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
@@ -266,7 +273,8 @@ Records dead-lettered while the replay runs wait for the next one.`,
 }
 
 // dlqCounts returns how many records topic holds (highwater minus log start,
-// over its partitions) and how many of them no replay of agent sent back.
+// over its partitions; under ExactlyOnce transaction markers count too) and
+// how many of them no replay of agent sent back.
 func (a *App) dlqCounts(client sarama.Client, topic, agent string) (n, pending int64, err error) {
 	ps, err := client.Partitions(topic)
 	if err != nil {
