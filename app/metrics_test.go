@@ -163,10 +163,19 @@ func wantSample(t *testing.T, body string, want float64, name string, labels ...
 // sink records, dead letters, lag 0 on the 4 claimed partitions, running
 // tasks, cache reads, a rebalance, the cycle histograms and the Go and
 // process collectors.
-func TestMetricsAfterRecords(t *testing.T) {
+func TestMetricsAfterRecords(t *testing.T) { metricsAfterRecords(t) }
+
+// TestMetricsAfterRecordsExactlyOnce is TestMetricsAfterRecords under
+// ExactlyOnce (sink records and dead letters in the cycles' transactions).
+func TestMetricsAfterRecordsExactlyOnce(t *testing.T) {
+	metricsAfterRecords(t, app.WithGuarantee(app.ExactlyOnce))
+}
+
+func metricsAfterRecords(t *testing.T, opts ...app.Option) {
 	brokers := testbroker.Brokers(t)
 	id := testbroker.Topic(t, "app")
-	o := newOpsApp(t, id, app.WithRedelivery(app.Redelivery{MaxRetries: 2, Backoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}))
+	opts = append([]app.Option{app.WithRedelivery(app.Redelivery{MaxRetries: 2, Backoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})}, opts...)
+	o := newOpsApp(t, id, opts...)
 	w, err := o.app.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
