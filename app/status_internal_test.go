@@ -1,12 +1,17 @@
 package app
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/agent/source"
 )
 
 func get(t *testing.T, url string) (int, string) {
@@ -58,5 +63,31 @@ func TestListenAddrLocalhost(t *testing.T) {
 	defer ln.Close()
 	if ip := ln.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() {
 		t.Errorf(`":0" bound %v, want a loopback address`, ip)
+	}
+}
+
+// TestAckTimeoutCounted checks that an agent stream failed by the ack
+// timeout, as agent.Run reports it, is counted, and another failure is not.
+func TestAckTimeoutCounted(t *testing.T) {
+	w, err := New("ack-app", WithDataDir(t.TempDir())).NewWorker(WorkerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := w.metrics
+	m.agentFailed("in", "a", &agent.Error{Agent: "a", Offset: -1, Stream: true,
+		Err: &source.AckTimeoutError{Key: "in[0]", ID: "a", Offset: 7, Timeout: time.Second}})
+	m.agentFailed("in", "a", &agent.Error{Agent: "a", Offset: 3, Err: errors.New("boom")})
+	mfs, err := m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := -1.0
+	for _, mf := range mfs {
+		if mf.GetName() == "runnel_ack_timeouts_total" && len(mf.GetMetric()) == 1 {
+			n = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if n != 1 {
+		t.Errorf("runnel_ack_timeouts_total = %v, want 1 sample of 1", n)
 	}
 }
