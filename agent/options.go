@@ -1,6 +1,10 @@
 package agent
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/runnel-dev/runnel/table"
+)
 
 // ErrorPolicy is what a worker does when an agent returns an error or panics
 // on a partition. In every policy the record the agent was on (its open
@@ -47,6 +51,9 @@ type Settings struct {
 	// failed more often than the retry budget allows, are written; empty
 	// means "<app>-<agent>-dlq".
 	DeadLetterTopic string
+	// Sinks and Tables name the topics the agent sends to and the tables it
+	// writes, as declared with SendsTo and WritesTo (describe shows them).
+	Sinks, Tables []string
 }
 
 // Option configures an agent (see New).
@@ -61,6 +68,28 @@ func OnError(p ErrorPolicy) Option { return func(s *Settings) { s.OnError = p } 
 // runnel-partition, runnel-offset, runnel-agent, runnel-attempts and
 // runnel-timestamp (see docs/ack-mode.md).
 func WithDeadLetterTopic(topic string) Option { return func(s *Settings) { s.DeadLetterTopic = topic } }
+
+// SendsTo declares the topics the agent sends records to (sinks), so that
+// describe and its --dot graph show them. The agent body is opaque to the
+// worker: an undeclared sink still works, and the worker logs it once, at
+// the first record the agent sends there.
+func SendsTo(topics ...TopicDef) Option {
+	return func(s *Settings) {
+		for _, t := range topics {
+			s.Sinks = append(s.Sinks, t.Name())
+		}
+	}
+}
+
+// WritesTo declares the tables the agent writes, so that describe and its
+// --dot graph show them (the worker does not check the declaration).
+func WritesTo(tables ...table.Def) Option {
+	return func(s *Settings) {
+		for _, t := range tables {
+			s.Tables = append(s.Tables, t.Name())
+		}
+	}
+}
 
 // Error is the error of one agent run on one partition, as Runner.Run
 // returns it.

@@ -87,9 +87,14 @@ type Config struct {
 	Session, Heartbeat, Rebalance, FetchMaxWait time.Duration
 	// Logger receives the app's logs; default slog on stderr.
 	Logger *slog.Logger
-	// HTTPAddr is where a worker serves /healthz, /readyz, /metrics and
-	// /api/assignment; empty disables it. Env RUNNEL_HTTP_ADDR.
+	// HTTPAddr is where a worker serves /healthz, /readyz, /metrics, the
+	// status page and the JSON API (docs/http-api.md); empty disables it.
+	// An address without a host (":8080") binds to localhost only; name the
+	// host to listen on others ("0.0.0.0:8080"). Env RUNNEL_HTTP_ADDR.
 	HTTPAddr string
+	// Pprof serves Go's profiles under /debug/pprof/ on HTTPAddr; default
+	// off. WithPprof, worker --pprof.
+	Pprof bool
 
 	redelivery            Redelivery // WithRedelivery (redeliver.go)
 	devTopic, devKeyField string
@@ -313,7 +318,8 @@ func (a *App) Topology() (*topology.Graph, error) {
 		g.Topics = append(g.Topics, topology.Topic{Name: n, Partitions: t.Partitions(), KeyCodec: t.KeyCodec(), ValueCodec: t.ValueCodec()})
 	}
 	for _, r := range a.agents {
-		g.Agents = append(g.Agents, topology.Agent{Name: r.Name(), Source: r.Topic()})
+		g.Agents = append(g.Agents, topology.Agent{Name: r.Name(), Source: r.Topic(), Sinks: nonNilStrings(r.Settings().Sinks),
+			Tables: nonNilStrings(r.Settings().Tables), DeadLetterTopic: a.DeadLetterTopic(r.Name())})
 	}
 	for _, d := range a.tables {
 		g.Tables = append(g.Tables, topology.Table{Name: d.Name(), Changelog: d.Changelog(), Partitions: d.Partitions(),
@@ -324,4 +330,12 @@ func (a *App) Topology() (*topology.Graph, error) {
 		errs = append(errs, err)
 	}
 	return g, joinErrors(errs)
+}
+
+// nonNilStrings returns s, or an empty slice for nil (JSON [] rather than null).
+func nonNilStrings(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }

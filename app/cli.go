@@ -80,6 +80,7 @@ func (a *App) Command() *cobra.Command {
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "text or json (slog)")
 
 	var httpAddr, instanceID string
+	var pprofOn bool
 	worker := &cobra.Command{
 		Use:   "worker",
 		Short: "Join the consumer group and process records until SIGTERM",
@@ -91,6 +92,7 @@ func (a *App) Command() *cobra.Command {
 			if instanceID != "" {
 				a.cfg.InstanceID = instanceID
 			}
+			a.cfg.Pprof = a.cfg.Pprof || pprofOn
 			w, err := a.NewWorker(WorkerOptions{})
 			if err != nil {
 				return err
@@ -98,7 +100,8 @@ func (a *App) Command() *cobra.Command {
 			return w.Run(cmd.Context())
 		},
 	}
-	worker.Flags().StringVar(&httpAddr, "http-addr", "", "serve /healthz, /readyz, /metrics, /api/assignment here (env RUNNEL_HTTP_ADDR)")
+	worker.Flags().StringVar(&httpAddr, "http-addr", "", "serve the status page, /metrics, /healthz, /readyz and the JSON API here; \":8080\" binds localhost, \"0.0.0.0:8080\" every interface (env RUNNEL_HTTP_ADDR)")
+	worker.Flags().BoolVar(&pprofOn, "pprof", false, "serve Go profiles under /debug/pprof/ on --http-addr")
 	worker.Flags().StringVar(&instanceID, "instance-id", "", "static group membership (KIP-345): this worker's own stable ID (env RUNNEL_INSTANCE_ID)")
 
 	var do DevOptions
@@ -140,10 +143,10 @@ func (a *App) Command() *cobra.Command {
 	dev.Flags().BoolVar(&noProgress, "no-progress", false, "do not draw the loading progress bar (it is drawn only on a terminal)")
 	dev.Flags().DurationVar(&do.Timeout, "timeout", 10*time.Minute, "give up when the input is not processed within this time")
 
-	var describeJSON bool
+	var describeJSON, describeDOT bool
 	describe := &cobra.Command{
 		Use:   "describe",
-		Short: "Print the topics, agents, tables and co-partitioned groups",
+		Short: "Print the topics, agents (sinks, tables written, dead-letter topics), tables and co-partitioned groups",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			g, err := a.Topology()
@@ -153,10 +156,14 @@ func (a *App) Command() *cobra.Command {
 			if describeJSON {
 				return g.WriteJSON(cmd.OutOrStdout())
 			}
+			if describeDOT {
+				return g.WriteDOT(cmd.OutOrStdout())
+			}
 			return g.WriteText(cmd.OutOrStdout())
 		},
 	}
 	describe.Flags().BoolVar(&describeJSON, "json", false, "print JSON")
+	describe.Flags().BoolVar(&describeDOT, "dot", false, "print a Graphviz DOT graph (render with: dot -Tsvg)")
 
 	tables := &cobra.Command{Use: "tables", Short: "List and dump tables"}
 	tables.AddCommand(&cobra.Command{
@@ -247,6 +254,7 @@ with --from-line.`,
 	send.Flags().IntVar(&sendFrom, "from-line", 0, "produce only from this line on (1-based; the resume line of a failed send); earlier lines are still validated")
 
 	root.AddCommand(worker, dev, describe, tables, send, a.assignmentCommand())
+	root.AddCommand(a.dlqCommand()) // dlq_cmd.go
 	return root
 }
 

@@ -60,6 +60,9 @@ type Result struct {
 	// restores (end offset minus start offset, summed over partitions);
 	// compaction may have removed some records inside it.
 	Restored []int64
+	// Processed, Retried and DeadLettered sum the workers' counts
+	// (Worker.Processed, Retried, DeadLettered).
+	Processed, Retried, DeadLettered int64
 }
 
 // WithDevInput sets the topic and key field that `dev --input` loads a file into.
@@ -121,6 +124,11 @@ func (a *App) Dev(ctx context.Context, o DevOptions) error {
 	if o.Dump != "" {
 		return writeTable(o.Out, o.Dump, tables[o.Dump], o.JSONOut, 0)
 	}
+	fmt.Fprintf(o.Out, "processed %d records, retried %d, dead-lettered %d", res.Processed, res.Retried, res.DeadLettered)
+	if res.DeadLettered > 0 {
+		fmt.Fprint(o.Out, " (they stay in the embedded broker; on Kafka: dlq list, dlq tail AGENT)")
+	}
+	fmt.Fprintln(o.Out)
 	for _, d := range a.tables {
 		if err := writeTable(o.Out, d.Name(), tables[d.Name()], false, o.Top); err != nil {
 			return err
@@ -205,11 +213,15 @@ func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (*Res
 	if lagErr != nil {
 		return nil, lagErr
 	}
-	a.cfg.Logger.Info("all input processed", "workers", o.Workers, "elapsed", time.Since(start).Round(time.Millisecond))
 	out := &Result{Tables: map[string]map[string]any{}}
 	for _, w := range workers {
 		out.Restored = append(out.Restored, w.RestoredSpan())
+		out.Processed += w.Processed()
+		out.Retried += w.Retried()
+		out.DeadLettered += w.DeadLettered()
 	}
+	a.cfg.Logger.Info("all input processed", "workers", o.Workers, "elapsed", time.Since(start).Round(time.Millisecond),
+		"processed", out.Processed, "retried", out.Retried, "dead_lettered", out.DeadLettered)
 	for _, d := range a.tables {
 		if o.Dump != "" && o.Dump != "all" && d.Name() != o.Dump {
 			continue

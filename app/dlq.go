@@ -101,6 +101,7 @@ func (w *Worker) deadLetter(ctx context.Context, rec *source.Record, causes []er
 			if err != nil {
 				return fmt.Errorf("dead-letter %s[%d]@%d to %s: %w", rec.Topic, rec.Partition, rec.Offset, s.topic, err)
 			}
+			w.metrics.deadLettered(rec.Topic, causeIDs[i])
 			w.log.Warn("record dead-lettered", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
 				"agent", causeIDs[i], "dlq", s.topic, "attempts", attempts, "reason", causes[i])
 		case <-ctx.Done():

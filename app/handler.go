@@ -128,6 +128,7 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	topic, p := claim.Topic(), claim.Partition()
 	ctx, claimDone := w.claimContext(sess, topic, p) // ends on revoke (cooperative) or session end
 	defer claimDone()
+	defer w.metrics.trackClaim(claim)()
 	acquired, err := h.restore(ctx, topic, p)
 	defer w.parts.release(acquired)
 	if err != nil {

@@ -2,20 +2,37 @@ package app
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/hashicorp/go-multierror"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/agent/source"
+	"github.com/runnel-dev/runnel/assignor"
+	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/stores"
+	"github.com/runnel-dev/runnel/table"
 )
 
 // metrics are one worker's Prometheus collectors (a registry per worker, so
-// that several workers in one process, as in dev mode, do not collide).
+// that several workers in one process, as in dev mode, do not collide), and
+// the recent events the status page shows. The instruments are updated where
+// the events happen (worker.go, tasks.go, redeliver.go, dlq.go: one call
+// each); gauges of state (lag, task states, standby lag) are read from the
+// worker at scrape time (workerCollector).
+//
+// Names follow runnel_<noun>_<unit>; labels use the log attribute keys
+// (topic, partition, agent, table).
 type metrics struct {
 	reg       *prometheus.Registry
 	committed *prometheus.CounterVec
@@ -25,7 +42,30 @@ type metrics struct {
 	taskTransitions *prometheus.CounterVec
 	cycleRecords    prometheus.Counter
 	cycleSeconds    prometheus.Histogram
-	txn             txnMetrics
+	cycleSize       prometheus.Histogram
+
+	processed    *prometheus.CounterVec // topic, agent
+	sent         *prometheus.CounterVec // topic (destination), agent
+	retried      *prometheus.CounterVec // topic, agent
+	deadLetters  *prometheus.CounterVec // topic (source), agent
+	ackTimeouts  *prometheus.CounterVec // topic, agent
+	cacheFlushes *prometheus.CounterVec // table
+	restoreLeft  *prometheus.GaugeVec   // table, partition
+	restoreRate  *prometheus.GaugeVec   // table, partition
+	rebalances   prometheus.Counter
+	rebalanceDur prometheus.Histogram
+	generation   prometheus.Gauge
+
+	nRetried, nDeadLettered atomic.Int64
+	undeclared              sync.Map // agent + "\x00" + topic: undeclared sinks logged
+
+	mu          sync.Mutex
+	claims      map[restoreKey]*claimPos          // running claims (topic, partition); guarded by mu
+	restores    map[restoreKey]changelog.Progress // latest progress per changelog (topic, partition); guarded by mu
+	dlqByAgent  map[string]int64                  // dead letters written per agent; guarded by mu
+	joinStarted time.Time                         // first JoinGroup of the rebalance under way, zero when none; guarded by mu
+	history     []RebalanceEvent                  // the last maxHistory rebalances, oldest first; guarded by mu
+	txn         txnMetrics                        // ExactlyOnce transactions (txn.go)
 }
 
 // txnMetrics are the ExactlyOnce transactions' collectors (txn.go).
@@ -47,47 +87,399 @@ func newTxnMetrics(reg *prometheus.Registry) txnMetrics {
 	return t
 }
 
-func newMetrics() *metrics {
+// maxHistory is how many rebalances the status page lists.
+const maxHistory = 20
+
+// claimPos is a running claim as lag sees it: the claim (its highwater, from
+// the last fetch response) and the next offset to process (the offset after
+// the last resolved record, as marked for commit).
+type claimPos struct {
+	claim sarama.ConsumerGroupClaim
+	next  atomic.Int64
+}
+
+// RebalanceEvent is one rebalance as this member saw it: the assignment it
+// received and how long it took from the member's first JoinGroup of the
+// rebalance to the assignment (SyncGroup).
+type RebalanceEvent struct {
+	Generation int32     `json:"generation"`
+	At         time.Time `json:"at"`
+	// DurationMS is 0 when the start was not seen (a rebalance led by the
+	// group coordinator without this member re-joining first).
+	DurationMS float64 `json:"duration_ms"`
+	Leader     bool    `json:"leader"`
+	Actives    int     `json:"actives"`
+	Standbys   int     `json:"standbys"`
+	Warmups    int     `json:"warmups"`
+}
+
+func newMetrics(w *Worker) *metrics {
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	}
 	m := &metrics{reg: prometheus.NewRegistry(),
-		committed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_records_advanced_total",
-			Help: "Source records advanced (resolved by every agent and marked for commit)."}, []string{"topic"}),
-		restored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_restore_records_total",
-			Help: "Changelog records replayed into local stores by active restores."}, []string{"table"}),
+		committed: counter("runnel_records_advanced_total",
+			"Source records advanced (resolved by every agent and marked for commit).", "topic"),
+		restored: counter("runnel_restore_records_total",
+			"Changelog records replayed into local stores by active restores (added when a restore ends).", "table"),
+		restarts: counter("runnel_partition_restarts_total",
+			"Partition restarts in place after a failed record (redelivery from the last commit point).", "topic"),
+		taskTransitions: counter("runnel_task_transitions_total",
+			"Task state transitions, by the state entered.", "to"),
+		processed: counter("runnel_records_processed_total",
+			"Source records resolved by an agent (acked, rejected or dead-lettered), per agent.", "topic", "agent"),
+		sent: counter("runnel_records_sent_total",
+			"Sink records an agent sent and the broker acknowledged, by destination topic.", "topic", "agent"),
+		retried: counter("runnel_records_retried_total",
+			"Failed deliveries of a source record that are redelivered (Redelivery.MaxRetries), by the failing agent.", "topic", "agent"),
+		deadLetters: counter("runnel_dead_letters_total",
+			"Source records written to an agent's dead-letter topic and acknowledged, by source topic.", "topic", "agent"),
+		ackTimeouts: counter("runnel_ack_timeouts_total",
+			"Agent streams failed because a record was not resolved within the ack timeout.", "topic", "agent"),
+		cacheFlushes: counter("runnel_cache_flushes_total",
+			"Commit cycles asked for early because a table partition's write cache reached its size (WithCacheBytes).", "table"),
+		restoreLeft: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runnel_restore_remaining_records",
+			Help: "Changelog offsets an active restore still has to read (target highwater minus position); 0 when done."}, []string{"table", "partition"}),
+		restoreRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runnel_restore_rate_records_per_second",
+			Help: "Offsets per second an active restore read so far (last progress report)."}, []string{"table", "partition"}),
+		claims:     map[restoreKey]*claimPos{},
+		restores:   map[restoreKey]changelog.Progress{},
+		dlqByAgent: map[string]int64{},
 	}
 	m.cycleRecords = prometheus.NewCounter(prometheus.CounterOpts{Name: "runnel_cycle_changelog_records_total",
 		Help: "Changelog records written by commit cycles (one per dirty key per cycle)."})
 	m.cycleSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "runnel_cycle_duration_seconds",
 		Help: "Duration of commit cycles that wrote records: cut, flush, commit, apply.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)})
-	m.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_partition_restarts_total",
-		Help: "Partition restarts in place after a failed record (redelivery from the last commit point)."}, []string{"topic"})
-	m.taskTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_task_transitions_total",
-		Help: "Task state transitions, by the state entered."}, []string{"to"})
-	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.taskTransitions, m.cycleRecords, m.cycleSeconds)
+	m.cycleSize = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "runnel_cycle_size_records",
+		Help: "Changelog records written by one commit cycle (cycles that wrote records).", Buckets: prometheus.ExponentialBuckets(1, 4, 10)})
+	m.rebalances = prometheus.NewCounter(prometheus.CounterOpts{Name: "runnel_rebalances_total",
+		Help: "Assignments this member received (one per completed rebalance it took part in)."})
+	m.rebalanceDur = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "runnel_rebalance_duration_seconds",
+		Help:    "Time from this member's first JoinGroup of a rebalance to its assignment (SyncGroup).",
+		Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)})
+	m.generation = prometheus.NewGauge(prometheus.GaugeOpts{Name: "runnel_group_generation",
+		Help: "Consumer group generation of this member's latest assignment."})
+	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.taskTransitions, m.cycleRecords, m.cycleSeconds, m.cycleSize,
+		m.processed, m.sent, m.retried, m.deadLetters, m.ackTimeouts, m.cacheFlushes, m.restoreLeft, m.restoreRate,
+		m.rebalances, m.rebalanceDur, m.generation,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&workerCollector{w: w})
 	m.txn = newTxnMetrics(m.reg)
 	return m
 }
 
-// serveHTTP serves /healthz, /readyz, /metrics and /api/assignment on addr.
-func (w *Worker) serveHTTP(addr string) (func() error, error) {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprintln(rw, "ok") })
-	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, _ *http.Request) {
-		if !w.Ready() {
-			http.Error(rw, "restoring", http.StatusServiceUnavailable)
-			return
+// advanced counts n source records resolved on topic by each of agents.
+func (m *metrics) advanced(topic string, agents []string, n int) {
+	m.committed.WithLabelValues(topic).Add(float64(n))
+	for _, a := range agents {
+		m.processed.WithLabelValues(topic, a).Add(float64(n))
+	}
+}
+
+// cycle records one commit cycle that wrote records changelog records.
+func (m *metrics) cycle(records int, elapsed time.Duration) {
+	m.cycleRecords.Add(float64(records))
+	m.cycleSeconds.Observe(elapsed.Seconds())
+	m.cycleSize.Observe(float64(records))
+}
+
+// retry counts one redelivery of a record of topic failed by the agents.
+func (m *metrics) retry(topic string, agents []string) {
+	m.nRetried.Add(1)
+	for _, a := range agents {
+		m.retried.WithLabelValues(topic, a).Inc()
+	}
+}
+
+// deadLettered counts one dead letter of agent for a record of topic.
+func (m *metrics) deadLettered(topic, agent string) {
+	m.nDeadLettered.Add(1)
+	m.deadLetters.WithLabelValues(topic, agent).Inc()
+	m.mu.Lock()
+	m.dlqByAgent[agent]++
+	m.mu.Unlock()
+}
+
+// agentFailed counts an agent's stream that failed on an ack timeout.
+func (m *metrics) agentFailed(topic, agent string, err error) {
+	var at *source.AckTimeoutError
+	if errors.As(err, &at) {
+		m.ackTimeouts.WithLabelValues(topic, agent).Inc()
+	}
+}
+
+// agentEnv returns env with a Send that counts the acknowledged sink records
+// of agent r, and logs once per topic a sink r did not declare
+// (agent.SendsTo).
+func (w *Worker) agentEnv(env *table.Env, r agent.Runner) *table.Env {
+	m, name := w.metrics, r.Name()
+	e := *env
+	send := env.Send
+	if send == nil {
+		return &e
+	}
+	declared := r.Settings().Sinks
+	e.Send = func(topic string, p int32, key, value []byte, done func(int64, error)) error {
+		if !slices.Contains(declared, topic) {
+			if _, seen := m.undeclared.LoadOrStore(name+"\x00"+topic, true); !seen {
+				w.log.Info("agent sends to a topic it did not declare with agent.SendsTo; describe does not show it", "agent", name, "topic", topic)
+			}
 		}
-		fmt.Fprintln(rw, "ready")
+		return send(topic, p, key, value, func(off int64, err error) {
+			if err == nil {
+				m.sent.WithLabelValues(topic, name).Inc()
+			}
+			if done != nil {
+				done(off, err)
+			}
+		})
+	}
+	return &e
+}
+
+// trackClaim registers a running claim for the lag gauge; the returned func
+// unregisters it.
+func (m *metrics) trackClaim(claim sarama.ConsumerGroupClaim) func() {
+	k := restoreKey{claim.Topic(), claim.Partition()}
+	c := &claimPos{claim: claim}
+	c.next.Store(claim.InitialOffset())
+	m.mu.Lock()
+	m.claims[k] = c
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		if m.claims[k] == c {
+			delete(m.claims, k)
+		}
+		m.mu.Unlock()
+	}
+}
+
+// position records next, the offset marked for commit on topic partition p
+// (the next record to process).
+func (m *metrics) position(topic string, p int32, next int64) {
+	m.mu.Lock()
+	c := m.claims[restoreKey{topic, p}]
+	m.mu.Unlock()
+	if c != nil {
+		c.next.Store(next)
+	}
+}
+
+// PartitionLag is the consumer lag of one claimed source partition.
+type PartitionLag struct {
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	// Highwater is the partition's end offset at the last fetch response;
+	// Position the next offset to process (the offset marked for commit);
+	// Lag is Highwater - Position, at least 0.
+	Highwater int64 `json:"highwater"`
+	Position  int64 `json:"position"`
+	Lag       int64 `json:"lag"`
+}
+
+// lags returns the lag of every running claim, by topic and partition.
+func (m *metrics) lags() []PartitionLag {
+	m.mu.Lock()
+	out := make([]PartitionLag, 0, len(m.claims))
+	for k, c := range m.claims {
+		hw, pos := c.claim.HighWaterMarkOffset(), c.next.Load()
+		switch pos {
+		case sarama.OffsetNewest: // no committed offset, no record resolved yet
+			pos = hw
+		case sarama.OffsetOldest:
+			pos = 0
+		}
+		out = append(out, PartitionLag{Topic: k.table, Partition: k.p, Highwater: hw, Position: pos, Lag: max(hw-pos, 0)})
+	}
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b PartitionLag) int {
+		if a.Topic != b.Topic {
+			if a.Topic < b.Topic {
+				return -1
+			}
+			return 1
+		}
+		return int(a.Partition - b.Partition)
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
-	w.serveTables(mux) // GET /api/tables/{table}/{key} (global_http.go)
-	mux.HandleFunc("GET /api/assignment", func(rw http.ResponseWriter, _ *http.Request) {
-		rw.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(rw).Encode(struct {
-			Assignment any          `json:"assignment"`
-			Tasks      []TaskStatus `json:"tasks"`
-		}{w.Assignment(), w.Tasks()})
-	})
-	ln, err := net.Listen("tcp", addr)
+	return out
+}
+
+// restoreProgress is changelog.Restorer.OnProgress: the remaining-records and
+// rate gauges, and the status page's restore list. tableOf maps a changelog
+// topic to its table.
+func (m *metrics) restoreProgress(tableOf func(string) string) func(changelog.Progress) {
+	return func(pr changelog.Progress) {
+		tbl := tableOf(pr.Topic)
+		p := strconv.Itoa(int(pr.Partition))
+		left := max(pr.Target-pr.Position, 0)
+		if pr.Done {
+			left = 0
+		}
+		m.restoreLeft.WithLabelValues(tbl, p).Set(float64(left))
+		m.restoreRate.WithLabelValues(tbl, p).Set(pr.Rate)
+		m.mu.Lock()
+		m.restores[restoreKey{pr.Topic, pr.Partition}] = pr
+		m.mu.Unlock()
+	}
+}
+
+// joining records the start of a JoinGroup (assignor Config.Offsets is called
+// before every one); the first since the last assignment starts the
+// rebalance's clock.
+func (m *metrics) joining() {
+	m.mu.Lock()
+	if m.joinStarted.IsZero() {
+		m.joinStarted = time.Now()
+	}
+	m.mu.Unlock()
+}
+
+// assigned records a completed rebalance.
+func (m *metrics) assigned(a assignor.Assignment) {
+	now := time.Now()
+	count := func(tp map[string][]int32) int {
+		n := 0
+		for _, ps := range tp {
+			n += len(ps)
+		}
+		return n
+	}
+	ev := RebalanceEvent{Generation: a.Generation, At: now.UTC(), Leader: a.Leader,
+		Actives: count(a.Actives), Standbys: count(a.Standbys), Warmups: count(a.Warmups)}
+	m.mu.Lock()
+	if !m.joinStarted.IsZero() {
+		d := now.Sub(m.joinStarted)
+		ev.DurationMS = float64(d.Microseconds()) / 1000
+		m.rebalanceDur.Observe(d.Seconds())
+	}
+	m.joinStarted = time.Time{}
+	m.history = append(m.history, ev)
+	if len(m.history) > maxHistory {
+		m.history = slices.Delete(m.history, 0, len(m.history)-maxHistory)
+	}
+	m.mu.Unlock()
+	m.rebalances.Inc()
+	m.generation.Set(float64(a.Generation))
+}
+
+// workerCollector reads the worker's state at scrape time: consumer lag per
+// claimed partition, standby lag per followed changelog partition, task
+// states, table cache hits and misses.
+type workerCollector struct{ w *Worker }
+
+var (
+	descLag = prometheus.NewDesc("runnel_consumer_lag_records",
+		"Source records of a claimed partition not yet processed: highwater (last fetch response) minus the offset marked for commit.",
+		[]string{"topic", "partition"}, nil)
+	descStandbyLag = prometheus.NewDesc("runnel_standby_lag_records",
+		"Changelog offsets a standby or warm-up replica is behind: changelog highwater minus the offset after the last applied record.",
+		[]string{"table", "partition"}, nil)
+	descTaskState = prometheus.NewDesc("runnel_task_state",
+		"1 for each task of this worker in its current state (task = partition of a co-partitioned group of partitions partitions).",
+		[]string{"partition", "partitions", "state"}, nil)
+	descCacheHits = prometheus.NewDesc("runnel_cache_hits_total",
+		"Table reads answered by the write cache of the current or flushing commit cycle.", []string{"table"}, nil)
+	descCacheMisses = prometheus.NewDesc("runnel_cache_misses_total",
+		"Table reads that went to the local store.", []string{"table"}, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descLag, descStandbyLag, descTaskState, descCacheHits, descCacheMisses} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
+	w := c.w
+	for _, l := range w.metrics.lags() {
+		ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, float64(l.Lag), l.Topic, strconv.Itoa(int(l.Partition)))
+	}
+	for _, s := range w.standbyLags() {
+		ch <- prometheus.MustNewConstMetric(descStandbyLag, prometheus.GaugeValue, float64(s.Lag), s.Table, strconv.Itoa(int(s.Partition)))
+	}
+	for _, t := range w.Tasks() {
+		ch <- prometheus.MustNewConstMetric(descTaskState, prometheus.GaugeValue, 1,
+			strconv.Itoa(int(t.Partition)), strconv.Itoa(int(t.Partitions)), t.State)
+	}
+	for _, t := range w.tables {
+		hits, misses := t.state.CacheStats()
+		ch <- prometheus.MustNewConstMetric(descCacheHits, prometheus.CounterValue, float64(hits), t.def.Name())
+		ch <- prometheus.MustNewConstMetric(descCacheMisses, prometheus.CounterValue, float64(misses), t.def.Name())
+	}
+}
+
+// StandbyLag is how far one followed changelog partition (standby or
+// warm-up) is behind.
+type StandbyLag struct {
+	Table     string `json:"table"`
+	Partition int32  `json:"partition"`
+	// Warmup is set for a warm-up replica (it takes the active once caught up).
+	Warmup bool `json:"warmup"`
+	// Highwater is the changelog's end offset; Applied the offset after the
+	// last record applied to the local store; Lag the difference.
+	Highwater int64 `json:"highwater"`
+	Applied   int64 `json:"applied"`
+	Lag       int64 `json:"lag"`
+}
+
+// standbyLags returns the lag of every changelog partition this worker
+// follows, asking the brokers for the highwaters (one ListOffsets each).
+func (w *Worker) standbyLags() []StandbyLag {
+	if w.meta == nil {
+		return nil
+	}
+	a := w.Assignment()
+	var out []StandbyLag
+	for _, t := range w.tables {
+		topic := t.state.Topic()
+		for _, kind := range []struct {
+			ps     []int32
+			warmup bool
+		}{{a.Standbys[topic], false}, {a.Warmups[topic], true}} {
+			for _, p := range kind.ps {
+				hw, err := w.meta.GetOffset(topic, p, sarama.OffsetNewest)
+				if err != nil {
+					continue
+				}
+				applied := int64(0)
+				if off, err := t.store.Offset(p); err == nil && off != stores.NoOffset {
+					applied = off + 1
+				}
+				out = append(out, StandbyLag{Table: t.def.Name(), Partition: p, Warmup: kind.warmup,
+					Highwater: hw, Applied: applied, Lag: max(hw-applied, 0)})
+			}
+		}
+	}
+	return out
+}
+
+// tableOfChangelog returns the table whose changelog is topic (topic itself
+// when none).
+func (w *Worker) tableOfChangelog(topic string) string {
+	for _, t := range w.graph.Tables {
+		if t.Changelog == topic {
+			return t.Name
+		}
+	}
+	return topic
+}
+
+// Retried returns how many failed deliveries of source records this worker
+// redelivered.
+func (w *Worker) Retried() int64 { return w.metrics.nRetried.Load() }
+
+// DeadLettered returns how many dead letters this worker wrote (one per
+// rejecting or failing agent of a record).
+func (w *Worker) DeadLettered() int64 { return w.metrics.nDeadLettered.Load() }
+
+// serveHTTP serves /healthz, /readyz, /metrics, the status page and the
+// JSON API (status.go) on addr.
+func (w *Worker) serveHTTP(addr string) (func() error, error) {
+	mux := w.httpMux()
+	ln, err := net.Listen("tcp", listenAddr(addr))
 	if err != nil {
 		return nil, fmt.Errorf("http listen %s: %w", addr, err)
 	}
@@ -123,4 +515,13 @@ func resolveBrokers(b []string) ([]string, error) {
 		return nil, errEmbedded
 	}
 	return b, nil
+}
+
+// agentNames names the agents of the partition's topic.
+func (pt *partition) agentNames() []string {
+	names := make([]string, len(pt.runners))
+	for i, r := range pt.runners {
+		names[i] = r.Name()
+	}
+	return names
 }

@@ -444,12 +444,14 @@ func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source
 	w := pt.w
 	policy := r.Settings().OnError
 	failures := 0
+	env := w.agentEnv(pt.env, r)
 	for {
 		began := time.Now()
-		err := r.Run(actx, pt.p, sub, pt.env)
+		err := r.Run(actx, pt.p, sub, env)
 		if err == nil || actx.Err() != nil {
 			return agentResult{r: r, sub: sub}
 		}
+		w.metrics.agentFailed(pt.topic, r.Name(), err)
 		var ae *agent.Error
 		if !errors.As(err, &ae) || ae.Stream || policy == agent.StopWorker {
 			return agentResult{r: r, sub: sub, err: err}
@@ -811,10 +813,11 @@ func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem)
 		if mark {
 			// Kafka commits the offset of the next record to read.
 			pt.sess.MarkOffset(pt.topic, pt.p, next, "")
+			pt.w.metrics.position(pt.topic, pt.p, next)
 		}
 		if resolved > 0 {
 			pt.w.processed.Add(int64(resolved))
-			pt.w.metrics.committed.WithLabelValues(pt.topic).Add(float64(resolved))
+			pt.w.metrics.advanced(pt.topic, pt.agentNames(), resolved)
 		}
 	}()
 	for i := range batch {
@@ -838,6 +841,7 @@ func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem)
 		if failed {
 			n := pt.attempt(off)
 			if n <= pt.retry.MaxRetries {
+				pt.w.metrics.retry(pt.topic, it.CauseIDs)
 				// Redeliver from off by restarting the member's session (run):
 				// the agents may already have applied table updates of records
 				// after off, and only a restore (which rebuilds a table partition
@@ -949,6 +953,7 @@ func (c *claimProducer) Committable(boundary int64) {
 	c.mu.Unlock()
 	if mark {
 		c.pt.sess.MarkOffset(c.pt.topic, c.pt.p, next, "")
+		c.pt.w.metrics.position(c.pt.topic, c.pt.p, next)
 	}
 }
 

@@ -306,8 +306,7 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 		switch {
 		case err == nil:
 			if st.Records > 0 {
-				w.metrics.cycleRecords.Add(float64(st.Records))
-				w.metrics.cycleSeconds.Observe(st.Elapsed.Seconds())
+				w.metrics.cycle(st.Records, st.Elapsed)
 				ts.mu.Lock()
 				tr.cycles++
 				tr.recs += int64(st.Records)

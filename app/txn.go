@@ -257,8 +257,7 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 	switch {
 	case err == nil:
 		if st.Records > 0 {
-			w.metrics.cycleRecords.Add(float64(st.Records))
-			w.metrics.cycleSeconds.Observe(st.Elapsed.Seconds())
+			w.metrics.cycle(st.Records, st.Elapsed)
 		}
 		w.tasks.counted(trs, st)
 		return nil

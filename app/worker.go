@@ -119,7 +119,7 @@ func (a *App) NewWorker(o WorkerOptions) (*Worker, error) {
 		name = w.procID
 	}
 	w.log = cfg.Logger.With("worker", name)
-	w.metrics = newMetrics()
+	w.metrics = newMetrics(w)
 	return w, nil
 }
 
@@ -354,7 +354,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("consumer: %w", err)
 	}
 	closers = append(closers, consumer.Close)
-	w.restorer = &changelog.Restorer{Client: offClient, Consumer: consumer, Logger: w.log}
+	w.restorer = &changelog.Restorer{Client: offClient, Consumer: consumer, Logger: w.log, OnProgress: w.metrics.restoreProgress(w.tableOfChangelog)}
 
 	for _, tt := range w.graph.Tables {
 		var def table.Def
@@ -376,7 +376,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		rt := &tableRuntime{def: def, parts: tt.Partitions, store: st, state: table.NewState(def, tt.Partitions, st, sendChangelog)}
 		nparts := tt.Partitions
 		rt.state.CacheBytes = w.cfg.CacheBytes
-		rt.state.OnFull = func(p int32) { w.tasks.wake(taskKey{nparts, p}) }
+		rt.state.OnFull = func(p int32) { w.metrics.cacheFlushes.WithLabelValues(tt.Name).Inc(); w.tasks.wake(taskKey{nparts, p}) }
 		w.tables = append(w.tables, rt)
 	}
 	w.parts = newTableParts(w, ctx)
@@ -503,6 +503,7 @@ func bytesOrNil(b []byte) sarama.Encoder {
 }
 
 func (w *Worker) localOffsets() map[string]map[int32]int64 {
+	w.metrics.joining() // called before every JoinGroup: a rebalance starts
 	out := map[string]map[int32]int64{}
 	for _, t := range w.tables {
 		parts, err := t.store.Partitions()
@@ -564,6 +565,7 @@ func (w *Worker) onAssignment(a assignor.Assignment) {
 	if w.txn != nil {
 		w.txn.assigned(a.Generation)
 	}
+	w.metrics.assigned(a)
 	w.log.Info("assignment", "generation", a.Generation, "leader", a.Leader,
 		"actives", fmtParts(a.Actives), "standbys", fmtParts(a.Standbys), "warmups", fmtParts(a.Warmups), "pending", fmtParts(a.Pending))
 }

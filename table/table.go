@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runnel-dev/runnel/changelog"
@@ -370,7 +371,14 @@ type State struct {
 
 	mu    sync.Mutex
 	parts map[int32]*partState // active partitions; guarded by mu
+
+	hits, misses atomic.Int64 // reads answered by the caches, by the store (CacheStats)
 }
+
+// CacheStats returns how many reads of active partitions the write caches
+// (the current cycle's and the one being flushed) answered, and how many
+// reads went to the store, since the State was created.
+func (s *State) CacheStats() (hits, misses int64) { return s.hits.Load(), s.misses.Load() }
 
 // partState is one active partition's cycle state.
 type partState struct {
@@ -466,12 +474,14 @@ func (s *State) part(p int32) *partState {
 func (s *State) get(p int32, key []byte) ([]byte, bool, error) {
 	if ps := s.part(p); ps != nil {
 		if it, ok := ps.lookup(key); ok {
+			s.hits.Add(1)
 			if it.deleted {
 				return nil, false, nil
 			}
 			return it.value, true, nil
 		}
 	}
+	s.misses.Add(1)
 	return s.store.Get(p, key)
 }
 

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/hashicorp/go-multierror"
@@ -27,10 +29,14 @@ type Topic struct {
 	ValueCodec string `json:"value_codec"`
 }
 
-// Agent is a declared agent and its source topic.
+// Agent is a declared agent: its source topic, the sink topics and tables it
+// declared (agent.SendsTo, agent.WritesTo) and its dead-letter topic.
 type Agent struct {
-	Name   string `json:"name"`
-	Source string `json:"source"`
+	Name            string   `json:"name"`
+	Source          string   `json:"source"`
+	Sinks           []string `json:"sinks"`
+	Tables          []string `json:"tables"`
+	DeadLetterTopic string   `json:"dead_letter_topic"`
 }
 
 // Table is a declared table. Partitions 0 before Resolve means "as the sources".
@@ -83,6 +89,16 @@ func (g *Graph) Resolve() error {
 			continue
 		}
 		counts[t.Partitions] = true
+		for _, s := range a.Sinks {
+			if _, ok := g.Topic(s); !ok {
+				errs = multierror.Append(errs, fmt.Errorf("agent %s: sink topic %s is not declared", a.Name, s))
+			}
+		}
+		for _, name := range a.Tables {
+			if !slices.ContainsFunc(g.Tables, func(t Table) bool { return t.Name == name }) {
+				errs = multierror.Append(errs, fmt.Errorf("agent %s: table %s is not declared", a.Name, name))
+			}
+		}
 	}
 	for i, t := range g.Tables {
 		if t.Partitions > 0 {
@@ -144,6 +160,15 @@ func (g *Graph) WriteText(w io.Writer) error {
 	b.WriteString("\nagents:\n")
 	for _, a := range g.Agents {
 		fmt.Fprintf(&b, "  %-32s <- %s\n", a.Name, a.Source)
+		if len(a.Sinks) > 0 {
+			fmt.Fprintf(&b, "  %-32s    sends to %s\n", "", strings.Join(a.Sinks, ", "))
+		}
+		if len(a.Tables) > 0 {
+			fmt.Fprintf(&b, "  %-32s    writes %s\n", "", strings.Join(a.Tables, ", "))
+		}
+		if a.DeadLetterTopic != "" {
+			fmt.Fprintf(&b, "  %-32s    dead letters to %s\n", "", a.DeadLetterTopic)
+		}
 	}
 	b.WriteString("\ntables:\n")
 	for _, t := range g.Tables {
@@ -159,6 +184,47 @@ func (g *Graph) WriteText(w io.Writer) error {
 	for _, n := range keys {
 		fmt.Fprintf(&b, "  %d: %s\n", n, strings.Join(groups[int32(n)], ", "))
 	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteDOT renders the graph in Graphviz DOT (describe --dot; `dot -Tsvg`):
+// topics as ellipses, agents as boxes, tables as cylinders (their changelog
+// in the label), dead-letter topics dashed. Edges: source topic -> agent ->
+// sink topics and tables, agent -> dead-letter topic (dashed). Sinks and
+// tables appear as far as the agents declared them (agent.SendsTo,
+// agent.WritesTo).
+func (g *Graph) WriteDOT(w io.Writer) error {
+	var b strings.Builder
+	q := func(kind, name string) string { return strconv.Quote(kind + ":" + name) }
+	fmt.Fprintf(&b, "digraph %s {\n  rankdir=LR;\n  node [fontname=\"Helvetica\", fontsize=11];\n", strconv.Quote(g.App))
+	for _, t := range g.Topics {
+		fmt.Fprintf(&b, "  %s [shape=ellipse, label=%s];\n", q("topic", t.Name), strconv.Quote(fmt.Sprintf("%s\n%d partitions", t.Name, t.Partitions)))
+	}
+	for _, t := range g.Tables {
+		fmt.Fprintf(&b, "  %s [shape=cylinder, label=%s];\n", q("table", t.Name), strconv.Quote(fmt.Sprintf("table %s\n%s", t.Name, t.Changelog)))
+	}
+	dlqs := map[string]bool{}
+	for _, a := range g.Agents {
+		fmt.Fprintf(&b, "  %s [shape=box, style=rounded, label=%s];\n", q("agent", a.Name), strconv.Quote("agent "+a.Name))
+		if a.DeadLetterTopic != "" && !dlqs[a.DeadLetterTopic] {
+			dlqs[a.DeadLetterTopic] = true
+			fmt.Fprintf(&b, "  %s [shape=ellipse, style=dashed, label=%s];\n", q("topic", a.DeadLetterTopic), strconv.Quote(a.DeadLetterTopic))
+		}
+	}
+	for _, a := range g.Agents {
+		fmt.Fprintf(&b, "  %s -> %s;\n", q("topic", a.Source), q("agent", a.Name))
+		for _, s := range a.Sinks {
+			fmt.Fprintf(&b, "  %s -> %s;\n", q("agent", a.Name), q("topic", s))
+		}
+		for _, t := range a.Tables {
+			fmt.Fprintf(&b, "  %s -> %s;\n", q("agent", a.Name), q("table", t))
+		}
+		if a.DeadLetterTopic != "" {
+			fmt.Fprintf(&b, "  %s -> %s [style=dashed];\n", q("agent", a.Name), q("topic", a.DeadLetterTopic))
+		}
+	}
+	b.WriteString("}\n")
 	_, err := io.WriteString(w, b.String())
 	return err
 }

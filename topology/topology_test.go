@@ -50,3 +50,66 @@ func TestValidName(t *testing.T) {
 		}
 	}
 }
+
+func describedGraph(t *testing.T) *Graph {
+	t.Helper()
+	g := &Graph{App: "a",
+		Topics: []Topic{{Name: "in", Partitions: 2}, {Name: "out", Partitions: 2}},
+		Agents: []Agent{{Name: "x", Source: "in", Sinks: []string{"out"}, Tables: []string{"t"}, DeadLetterTopic: "a-x-dlq"},
+			{Name: "y", Source: "out", DeadLetterTopic: "a-x-dlq"}},
+		Tables: []Table{{Name: "t", Changelog: "a-t-changelog"}}}
+	if err := g.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func TestWriteTextShowsSinksTablesDeadLetters(t *testing.T) {
+	var b strings.Builder
+	if err := describedGraph(t).WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"sends to out\n", "writes t\n", "dead letters to a-x-dlq\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("describe lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+func TestWriteDOT(t *testing.T) {
+	var b strings.Builder
+	if err := describedGraph(t).WriteDOT(&b); err != nil {
+		t.Fatal(err)
+	}
+	got := b.String()
+	for _, want := range []string{
+		`"topic:in" -> "agent:x";`,
+		`"agent:x" -> "topic:out";`,
+		`"agent:x" -> "table:t";`,
+		`"agent:x" -> "topic:a-x-dlq" [style=dashed];`,
+		`"agent:y" -> "topic:a-x-dlq" [style=dashed];`,
+		`"table:t" [shape=cylinder, label="table t\na-t-changelog"];`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("DOT lacks %s:\n%s", want, got)
+		}
+	}
+	// A shared dead-letter topic is one node.
+	if n := strings.Count(got, `"topic:a-x-dlq" [shape=ellipse, style=dashed`); n != 1 {
+		t.Errorf("dead-letter topic declared %d times:\n%s", n, got)
+	}
+	if !strings.HasPrefix(got, `digraph "a" {`) || !strings.HasSuffix(got, "}\n") {
+		t.Errorf("not a digraph:\n%s", got)
+	}
+}
+
+func TestResolveChecksSinksAndTables(t *testing.T) {
+	g := &Graph{App: "a", Topics: []Topic{{Name: "in", Partitions: 2}},
+		Agents: []Agent{{Name: "x", Source: "in", Sinks: []string{"nowhere"}, Tables: []string{"nothing"}}}}
+	err := g.Resolve()
+	for _, want := range []string{"agent x: sink topic nowhere is not declared", "agent x: table nothing is not declared"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+}

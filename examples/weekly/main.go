@@ -77,7 +77,7 @@ func Build(id string, opts ...app.Option) *Weekly {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(w.PerWeek))
 	return w
 }
 

@@ -65,7 +65,7 @@ func Build(id string, opts ...app.Option) *Pipeline {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(p.CommitsPerActor, p.LinesPerActor))
 	agent.New(a, "split-by-dir", p.Events, func(ctx context.Context, s *agent.Stream[string, Change]) error {
 		for ev := range s.Events() {
 			for _, d := range ev.Value.Dirs {
@@ -75,7 +75,7 @@ func Build(id string, opts ...app.Option) *Pipeline {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.SendsTo(p.ByDir))
 	agent.New(a, "count-by-dir", p.ByDir, func(ctx context.Context, s *agent.Stream[string, DirChange]) error {
 		for ev := range s.Events() {
 			if _, err := p.EventsPerDir.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
@@ -83,6 +83,6 @@ func Build(id string, opts ...app.Option) *Pipeline {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(p.EventsPerDir))
 	return p
 }

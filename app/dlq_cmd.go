@@ -1,0 +1,525 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/spf13/cobra"
+)
+
+// DeadLetter is one record of a dead-letter topic, decoded from its headers
+// (HeaderReason and the others; dlq.go).
+type DeadLetter struct {
+	// DLQTopic, DLQPartition and DLQOffset locate the dead letter itself.
+	DLQTopic     string `json:"dlq_topic"`
+	DLQPartition int32  `json:"dlq_partition"`
+	DLQOffset    int64  `json:"dlq_offset"`
+	// Topic, Partition and Offset locate the source record.
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	Offset    int64  `json:"offset"`
+	Agent     string `json:"agent"`
+	Reason    string `json:"reason"`
+	Attempts  int    `json:"attempts"`
+	// DeadLetteredAt is when the worker wrote it; Timestamp the source
+	// record's timestamp.
+	DeadLetteredAt string    `json:"dead_lettered_at"`
+	Timestamp      time.Time `json:"timestamp"`
+	Key            []byte    `json:"key"`
+	Value          []byte    `json:"value"`
+	// Headers are the source record's own headers (the runnel-* headers
+	// removed).
+	Headers []sarama.RecordHeader `json:"-"`
+}
+
+func decodeDeadLetter(m *sarama.ConsumerMessage) DeadLetter {
+	d := DeadLetter{DLQTopic: m.Topic, DLQPartition: m.Partition, DLQOffset: m.Offset, Key: m.Key, Value: m.Value,
+		Timestamp: m.Timestamp, Partition: -1, Offset: -1}
+	for _, h := range m.Headers {
+		if h == nil {
+			continue
+		}
+		v := string(h.Value)
+		switch string(h.Key) {
+		case HeaderReason:
+			d.Reason = v
+		case HeaderTopic:
+			d.Topic = v
+		case HeaderPartition:
+			if p, err := strconv.ParseInt(v, 10, 32); err == nil {
+				d.Partition = int32(p)
+			}
+		case HeaderOffset:
+			if o, err := strconv.ParseInt(v, 10, 64); err == nil {
+				d.Offset = o
+			}
+		case HeaderAgent:
+			d.Agent = v
+		case HeaderAttempts:
+			d.Attempts, _ = strconv.Atoi(v)
+		case HeaderTimestamp:
+			d.DeadLetteredAt = v
+		default:
+			d.Headers = append(d.Headers, sarama.RecordHeader{Key: h.Key, Value: h.Value})
+		}
+	}
+	return d
+}
+
+// readDeadLetters calls fn for each record of every partition of topic from
+// the offset from(p) returns (sarama.OffsetOldest allowed) up to the
+// highwater captured at the start, in offset order per partition. A
+// partition that delivers nothing for 2 s while below its highwater (only
+// transaction markers left) ends early.
+func readDeadLetters(ctx context.Context, client sarama.Client, topic string, from func(p int32) (int64, error), fn func(*sarama.ConsumerMessage) error) error {
+	ps, err := client.Partitions(topic)
+	if err != nil {
+		return fmt.Errorf("partitions of %s: %w", topic, err)
+	}
+	// Under ExactlyOnce a dead letter is written in the cycle's transaction:
+	// one of an aborted transaction was never dead-lettered (its record is
+	// processed again), so only committed ones are read. The client is this
+	// command's own.
+	if client.Config().Version.IsAtLeast(sarama.V0_11_0_0) {
+		client.Config().Consumer.IsolationLevel = sarama.ReadCommitted
+	}
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	defer consumer.Close()
+	for _, p := range ps {
+		hw, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return fmt.Errorf("highwater %s[%d]: %w", topic, p, err)
+		}
+		oldest, err := client.GetOffset(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			return fmt.Errorf("log start %s[%d]: %w", topic, p, err)
+		}
+		start, err := from(p)
+		if err != nil {
+			return err
+		}
+		if start < oldest {
+			start = oldest
+		}
+		if start >= hw {
+			continue
+		}
+		pc, err := consumer.ConsumePartition(topic, p, start)
+		if err != nil {
+			return fmt.Errorf("read %s[%d] from %d: %w", topic, p, start, err)
+		}
+		err = func() error {
+			defer pc.Close()
+			for {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(2 * time.Second):
+					return nil
+				case m := <-pc.Messages():
+					if err := fn(m); err != nil {
+						return err
+					}
+					if m.Offset >= hw-1 {
+						return nil
+					}
+				case e := <-pc.Errors():
+					return fmt.Errorf("read %s[%d]: %w", topic, p, e)
+				}
+			}
+		}()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// replayGroup is the consumer group whose committed offsets on an agent's
+// dead-letter topic say how far `dlq replay` got: a replay resumes there,
+// so each dead letter is sent back once.
+func (a *App) replayGroup(agent string) string { return a.id + "-dlq-replay-" + agent }
+
+func (a *App) agentNames() []string {
+	var out []string
+	for _, r := range a.agents {
+		out = append(out, r.Name())
+	}
+	return out
+}
+
+func (a *App) checkAgent(name string) (string, error) {
+	t := a.DeadLetterTopic(name)
+	if t == "" {
+		return "", fmt.Errorf("no agent %q (agents: %s)", name, strings.Join(a.agentNames(), ", "))
+	}
+	return t, nil
+}
+
+// dlqCommand is `dlq list|tail|replay`.
+func (a *App) dlqCommand() *cobra.Command {
+	dlq := &cobra.Command{Use: "dlq", Short: "Inspect and replay the agents' dead-letter topics"}
+	dlq.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "List each agent's dead-letter topic, how many dead letters it holds and how many a replay has not sent back yet",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			client, err := a.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer client.Close()
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "AGENT\tDEAD-LETTER TOPIC\tRECORDS\tNOT REPLAYED")
+			for _, name := range a.agentNames() {
+				topic := a.DeadLetterTopic(name)
+				n, pending, err := a.dlqCounts(client, topic, name)
+				if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+					fmt.Fprintf(tw, "%s\t%s\t-\t-\n", name, topic)
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\n", name, topic, n, pending)
+			}
+			return tw.Flush()
+		},
+	})
+
+	var tailN int
+	var tailJSON bool
+	tail := &cobra.Command{
+		Use:   "tail AGENT",
+		Short: "Print the agent's latest dead letters: source record, attempts, reason, key and value",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			topic, err := a.checkAgent(args[0])
+			if err != nil {
+				return err
+			}
+			client, err := a.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer client.Close()
+			from := func(p int32) (int64, error) {
+				hw, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+				if err != nil {
+					return 0, fmt.Errorf("highwater %s[%d]: %w", topic, p, err)
+				}
+				return max(hw-int64(tailN), 0), nil
+			}
+			var ds []DeadLetter
+			err = readDeadLetters(cmd.Context(), client, topic, from, func(m *sarama.ConsumerMessage) error {
+				if d := decodeDeadLetter(m); d.Agent == "" || d.Agent == args[0] {
+					ds = append(ds, d)
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			if len(ds) > tailN {
+				ds = ds[len(ds)-tailN:]
+			}
+			return writeDeadLetters(cmd.OutOrStdout(), ds, tailJSON)
+		},
+	}
+	tail.Flags().IntVarP(&tailN, "lines", "n", 10, "dead letters to print (the latest of each partition of the topic)")
+	tail.Flags().BoolVar(&tailJSON, "json", false, "one JSON object a line (key and value base64)")
+
+	var dryRun, fromStart bool
+	replay := &cobra.Command{
+		Use:   "replay AGENT",
+		Short: "Send the agent's dead letters back to their source topic and partition (after a fix)",
+		Long: `Send the agent's dead letters back to their source topic, to the partition they
+came from, with their key, value, timestamp and own headers (the runnel-* headers
+removed). Progress is committed in the consumer group <app>-dlq-replay-<agent>:
+a second replay sends only what was dead-lettered since (--from-start sends
+everything again). --dry-run prints what would be sent and commits nothing.
+Records dead-lettered while the replay runs wait for the next one.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := a.ReplayDeadLetters(cmd.Context(), args[0], ReplayOptions{DryRun: dryRun, FromStart: fromStart, Out: cmd.OutOrStdout()})
+			if err != nil {
+				return err
+			}
+			verb := "sent back"
+			if dryRun {
+				verb = "would send back"
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "%s %d dead letters of agent %s (%d of other agents skipped)\n", verb, st.Sent, args[0], st.Skipped)
+			return nil
+		},
+	}
+	replay.Flags().BoolVar(&dryRun, "dry-run", false, "print the dead letters that would be sent back; send and commit nothing")
+	replay.Flags().BoolVar(&fromStart, "from-start", false, "ignore the progress of earlier replays: send back every dead letter the topic holds")
+	dlq.AddCommand(tail, replay)
+	return dlq
+}
+
+// dlqCounts returns how many records topic holds (highwater minus log start,
+// over its partitions; under ExactlyOnce transaction markers count too) and
+// how many of them no replay of agent sent back.
+func (a *App) dlqCounts(client sarama.Client, topic, agent string) (n, pending int64, err error) {
+	ps, err := client.Partitions(topic)
+	if err != nil {
+		return 0, 0, fmt.Errorf("partitions of %s: %w", topic, err)
+	}
+	committed, err := replayOffsets(client, a.replayGroup(agent), topic, ps)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, p := range ps {
+		hw, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return 0, 0, fmt.Errorf("highwater %s[%d]: %w", topic, p, err)
+		}
+		oldest, err := client.GetOffset(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			return 0, 0, fmt.Errorf("log start %s[%d]: %w", topic, p, err)
+		}
+		n += hw - oldest
+		pending += hw - max(oldest, committed[p])
+	}
+	return n, pending, nil
+}
+
+// replayOffsets returns the offsets group committed on topic's partitions
+// (0 where none).
+func replayOffsets(client sarama.Client, group, topic string, ps []int32) (map[int32]int64, error) {
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return nil, fmt.Errorf("admin: %w", err)
+	}
+	out := map[int32]int64{}
+	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: ps})
+	if errors.Is(err, sarama.ErrGroupIDNotFound) || (err == nil && resp.Err == sarama.ErrGroupIDNotFound) {
+		return out, nil // no replay yet (kfake answers so; Kafka answers with no offsets)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("offsets of group %s: %w", group, err)
+	}
+	if resp.Err != sarama.ErrNoError {
+		return nil, fmt.Errorf("offsets of group %s: %w", group, resp.Err)
+	}
+	for _, p := range ps {
+		if b := resp.GetBlock(topic, p); b != nil && b.Offset > 0 {
+			out[p] = b.Offset
+		}
+	}
+	return out, nil
+}
+
+// ReplayOptions configure ReplayDeadLetters.
+type ReplayOptions struct {
+	// DryRun sends and commits nothing; the dead letters are printed to Out.
+	DryRun bool
+	// FromStart ignores the progress of earlier replays.
+	FromStart bool
+	// Out, if set, receives one line per dead letter sent (or, with DryRun,
+	// that would be sent).
+	Out io.Writer
+}
+
+// ReplayStats counts what a replay did.
+type ReplayStats struct {
+	// Sent is how many dead letters of the agent were sent back (with
+	// DryRun: would be); Skipped how many of other agents (a dead-letter
+	// topic shared with WithDeadLetterTopic) were passed over.
+	Sent, Skipped int64
+}
+
+// ReplayDeadLetters sends the dead letters of agent back to the source topic
+// and partition they came from, from where the last replay stopped (the
+// consumer group "<app>-dlq-replay-<agent>") up to the dead-letter topic's
+// highwater at the start. Each partition's progress is committed once every
+// record sent up to there was acknowledged. Errors: an unknown agent, the
+// brokers', a dead letter without its source topic header.
+func (a *App) ReplayDeadLetters(ctx context.Context, agent string, o ReplayOptions) (ReplayStats, error) {
+	var st ReplayStats
+	topic, err := a.checkAgent(agent)
+	if err != nil {
+		return st, err
+	}
+	brokers, err := resolveBrokers(a.cfg.Brokers)
+	if err != nil {
+		return st, err
+	}
+	client, _, err := connect(ctx, brokers, "runnel-dlq-replay", kafka.Timeouts{}, nil)
+	if err != nil {
+		return st, err
+	}
+	defer client.Close()
+	ps, err := client.Partitions(topic)
+	if err != nil {
+		return st, fmt.Errorf("partitions of %s: %w", topic, err)
+	}
+	committed := map[int32]int64{}
+	if !o.FromStart {
+		if committed, err = replayOffsets(client, a.replayGroup(agent), topic, ps); err != nil {
+			return st, err
+		}
+	}
+	var prod *kafka.Producer
+	if !o.DryRun {
+		if prod, err = kafka.NewProducer(client); err != nil {
+			return st, err
+		}
+		defer prod.Close()
+	}
+	type sent struct {
+		dlqPart int32
+		next    int64
+		done    chan error
+	}
+	var all []sent
+	next := map[int32]int64{} // DLQ partition -> offset after the last record read
+	partsOf := map[string]int32{}
+	err = readDeadLetters(ctx, client, topic, func(p int32) (int64, error) {
+		if c, ok := committed[p]; ok {
+			return c, nil
+		}
+		return sarama.OffsetOldest, nil
+	}, func(m *sarama.ConsumerMessage) error {
+		next[m.Partition] = m.Offset + 1
+		d := decodeDeadLetter(m)
+		if d.Agent != "" && d.Agent != agent {
+			st.Skipped++
+			return nil
+		}
+		if d.Topic == "" {
+			return fmt.Errorf("dead letter %s[%d]@%d has no %s header", m.Topic, m.Partition, m.Offset, HeaderTopic)
+		}
+		n, ok := partsOf[d.Topic]
+		if !ok {
+			ps, err := client.Partitions(d.Topic)
+			if err != nil {
+				return fmt.Errorf("partitions of %s: %w", d.Topic, err)
+			}
+			n = int32(len(ps))
+			partsOf[d.Topic] = n
+		}
+		p := d.Partition
+		if p < 0 || p >= n {
+			p = kafka.PartitionFor(d.Key, n) // the source topic shrank or the header is missing
+		}
+		st.Sent++
+		if o.Out != nil {
+			fmt.Fprintf(o.Out, "%s[%d]@%d -> %s[%d]  key=%s  reason=%s\n", m.Topic, m.Partition, m.Offset, d.Topic, p,
+				strconv.Quote(string(d.Key)), d.Reason)
+		}
+		if o.DryRun {
+			return nil
+		}
+		msg := &sarama.ProducerMessage{Topic: d.Topic, Partition: p, Key: bytesOrNil(d.Key), Value: bytesOrNil(d.Value),
+			Timestamp: d.Timestamp, Headers: d.Headers}
+		s := sent{dlqPart: m.Partition, next: m.Offset + 1, done: make(chan error, 1)}
+		if err := prod.Send(msg, func(_ int32, _ int64, err error) { s.done <- err }); err != nil {
+			return fmt.Errorf("replay %s[%d]@%d to %s[%d]: %w", m.Topic, m.Partition, m.Offset, d.Topic, p, err)
+		}
+		all = append(all, s)
+		return nil
+	})
+	if o.DryRun {
+		return st, err
+	}
+	// Commit, per dead-letter partition, up to the first record whose send
+	// failed (everything before it is acknowledged).
+	commit := map[int32]int64{}
+	failed := map[int32]bool{}
+	var sendErr error
+	for _, s := range all {
+		e := <-s.done
+		if e != nil && sendErr == nil {
+			sendErr = fmt.Errorf("replay to the source topic: %w", e)
+		}
+		if e != nil {
+			failed[s.dlqPart] = true
+		}
+		if !failed[s.dlqPart] {
+			commit[s.dlqPart] = s.next
+		}
+	}
+	if err == nil && sendErr == nil {
+		// Records of other agents after the last one sent are passed over
+		// for good.
+		for p, n := range next {
+			commit[p] = max(commit[p], n)
+		}
+	}
+	if cerr := commitReplay(client, a.replayGroup(agent), topic, commit); cerr != nil {
+		return st, errors.Join(err, sendErr, cerr)
+	}
+	return st, errors.Join(err, sendErr)
+}
+
+// commitReplay commits offs (partition -> next offset) of topic for group
+// (a simple consumer group: generation -1, no member).
+func commitReplay(client sarama.Client, group, topic string, offs map[int32]int64) error {
+	if len(offs) == 0 {
+		return nil
+	}
+	coord, err := client.Coordinator(group)
+	if err != nil {
+		return fmt.Errorf("commit replay progress: coordinator of %s: %w", group, err)
+	}
+	req := &sarama.OffsetCommitRequest{Version: 2, ConsumerGroup: group, ConsumerGroupGeneration: -1}
+	if client.Config().Version.IsAtLeast(sarama.V2_1_0_0) {
+		req.Version = 6
+	}
+	ps := make([]int32, 0, len(offs))
+	for p := range offs {
+		ps = append(ps, p)
+	}
+	slices.Sort(ps)
+	for _, p := range ps {
+		req.AddBlock(topic, p, offs[p], 0, "")
+	}
+	resp, err := coord.CommitOffset(req)
+	if err != nil {
+		return fmt.Errorf("commit replay progress of %s: %w", group, err)
+	}
+	for _, p := range ps {
+		if kerr := resp.Errors[topic][p]; kerr != sarama.ErrNoError {
+			return fmt.Errorf("commit replay progress of %s on %s[%d]: %w", group, topic, p, kerr)
+		}
+	}
+	return nil
+}
+
+func writeDeadLetters(out io.Writer, ds []DeadLetter, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(out)
+		for _, d := range ds {
+			if err := enc.Encode(d); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if len(ds) == 0 {
+		_, err := fmt.Fprintln(out, "no dead letters")
+		return err
+	}
+	for _, d := range ds {
+		fmt.Fprintf(out, "%s[%d]@%d  from %s[%d]@%d  agent=%s  attempts=%d  at=%s\n  reason: %s\n  key: %s\n  value: %s\n",
+			d.DLQTopic, d.DLQPartition, d.DLQOffset, d.Topic, d.Partition, d.Offset, d.Agent, d.Attempts, d.DeadLetteredAt,
+			d.Reason, strconv.Quote(string(d.Key)), strconv.Quote(string(d.Value)))
+	}
+	return nil
+}

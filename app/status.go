@@ -1,0 +1,273 @@
+package app
+
+import (
+	"embed"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"slices"
+	"sort"
+
+	"github.com/IBM/sarama"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/runnel-dev/runnel/assignor"
+)
+
+// web holds the status page: plain HTML and JavaScript, no build step.
+//
+//go:embed web/index.html
+var web embed.FS
+
+// httpMux returns the worker's HTTP handlers (docs/http-api.md): /healthz,
+// /readyz, /metrics, the status page at /, /api/status, /api/assignment,
+// /api/tables/{table}/{key} (global_http.go), and /debug/pprof/ when
+// Config.Pprof is set. Every JSON key is snake_case.
+func (w *Worker) httpMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprintln(rw, "ok") })
+	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, _ *http.Request) {
+		if !w.Ready() {
+			http.Error(rw, "restoring", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(rw, "ready")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
+	w.serveTables(mux) // GET /api/tables/{table}/{key} (global_http.go)
+	mux.HandleFunc("GET /api/assignment", func(rw http.ResponseWriter, _ *http.Request) {
+		writeJSON(rw, struct {
+			Assignment AssignmentView `json:"assignment"`
+			Tasks      []TaskStatus   `json:"tasks"`
+		}{viewAssignment(w.Assignment()), w.Tasks()})
+	})
+	mux.HandleFunc("GET /api/status", func(rw http.ResponseWriter, _ *http.Request) { writeJSON(rw, w.Status()) })
+	mux.HandleFunc("GET /{$}", func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "text/html; charset=utf-8")
+		http.ServeFileFS(rw, r, web, "web/index.html")
+	})
+	if w.cfg.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
+	return mux
+}
+
+func writeJSON(rw http.ResponseWriter, v any) {
+	rw.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(rw)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// AssignmentView is assignor.Assignment as the HTTP API shows it (snake_case
+// keys). Maps are topic -> sorted partitions.
+type AssignmentView struct {
+	Generation int32  `json:"generation"`
+	MemberID   string `json:"member_id"`
+	LeaderID   string `json:"leader_id"`
+	Leader     bool   `json:"leader"`
+	// Actives include the changelog partitions co-partitioned with the
+	// source partitions; Standbys and Warmups are changelog partitions this
+	// member replicates; Pending are actives withheld until their previous
+	// owner revoked them (cooperative protocol).
+	Actives  map[string][]int32 `json:"actives"`
+	Standbys map[string][]int32 `json:"standbys"`
+	Warmups  map[string][]int32 `json:"warmups"`
+	Globals  map[string][]int32 `json:"globals"`
+	Pending  map[string][]int32 `json:"pending"`
+	// URLs maps topic -> partition -> HTTP address of the member holding the
+	// active.
+	URLs        map[string]map[int32]string `json:"urls"`
+	URLsOmitted bool                        `json:"urls_omitted"`
+}
+
+func viewAssignment(a assignor.Assignment) AssignmentView {
+	nonNil := func(m map[string][]int32) map[string][]int32 {
+		if m == nil {
+			return map[string][]int32{}
+		}
+		return m
+	}
+	return AssignmentView{Generation: a.Generation, MemberID: a.MemberID, LeaderID: a.LeaderID, Leader: a.Leader,
+		Actives: nonNil(a.Actives), Standbys: nonNil(a.Standbys), Warmups: nonNil(a.Warmups), Globals: nonNil(a.Globals),
+		Pending: nonNil(a.Pending), URLs: a.URLs, URLsOmitted: a.URLsOmitted}
+}
+
+// Status is what the status page shows of one worker (GET /api/status).
+type Status struct {
+	App       string `json:"app"`
+	ProcessID string `json:"process_id"`
+	HTTPAddr  string `json:"http_addr"`
+	Ready     bool   `json:"ready"`
+	// Members are the consumer group's members (DescribeGroups); empty with
+	// MembersError set when the coordinator did not answer.
+	Members      []Member       `json:"members"`
+	MembersError string         `json:"members_error,omitempty"`
+	Assignment   AssignmentView `json:"assignment"`
+	Tasks        []TaskStatus   `json:"tasks"`
+	// Lag is the consumer lag of each source partition this worker claims;
+	// StandbyLag that of each changelog partition it follows.
+	Lag        []PartitionLag  `json:"lag"`
+	StandbyLag []StandbyLag    `json:"standby_lag"`
+	Restores   []RestoreStatus `json:"restores"`
+	// Rebalances are the latest rebalances this worker took part in, newest
+	// first.
+	Rebalances  []RebalanceEvent   `json:"rebalances"`
+	DeadLetters []DeadLetterStatus `json:"dead_letters"`
+	// Processed, Retried and DeadLettered are this worker's totals (Worker
+	// methods of the same names).
+	Processed    int64 `json:"processed"`
+	Retried      int64 `json:"retried"`
+	DeadLettered int64 `json:"dead_lettered"`
+}
+
+// Member is one member of the consumer group.
+type Member struct {
+	MemberID   string `json:"member_id"`
+	ClientID   string `json:"client_id"`
+	ClientHost string `json:"client_host"`
+	// Partitions are the source partitions the member was assigned (topic ->
+	// partitions); URL is its HTTP address, when the assignment carries it.
+	Partitions map[string][]int32 `json:"partitions"`
+	URL        string             `json:"url,omitempty"`
+	Self       bool               `json:"self"`
+}
+
+// RestoreStatus is the latest progress report of an active restore of one
+// changelog partition on this worker.
+type RestoreStatus struct {
+	Table     string  `json:"table"`
+	Partition int32   `json:"partition"`
+	Records   int64   `json:"records"`
+	Position  int64   `json:"position"`
+	Target    int64   `json:"target"`
+	Remaining int64   `json:"remaining"`
+	Rate      float64 `json:"records_per_second"`
+	ElapsedMS float64 `json:"elapsed_ms"`
+	Done      bool    `json:"done"`
+}
+
+// DeadLetterStatus is one agent's dead-letter topic and the dead letters this
+// worker wrote to it.
+type DeadLetterStatus struct {
+	Agent   string `json:"agent"`
+	Topic   string `json:"topic"`
+	Written int64  `json:"written"`
+}
+
+// Status returns what the status page shows: the group's members, this
+// worker's assignment, tasks, lags, restores, recent rebalances and dead
+// letters. It asks the brokers for the members and the standbys' highwaters.
+func (w *Worker) Status() Status {
+	a := w.Assignment()
+	s := Status{App: w.app.id, ProcessID: w.procID, HTTPAddr: w.cfg.HTTPAddr, Ready: w.Ready(),
+		Assignment: viewAssignment(a), Tasks: w.Tasks(), Lag: w.metrics.lags(), StandbyLag: w.standbyLags(),
+		Processed: w.Processed(), Retried: w.Retried(), DeadLettered: w.DeadLettered()}
+	if s.StandbyLag == nil {
+		s.StandbyLag = []StandbyLag{}
+	}
+	var err error
+	if s.Members, err = w.members(a); err != nil {
+		s.MembersError = err.Error()
+	}
+	m := w.metrics
+	m.mu.Lock()
+	for k, pr := range m.restores {
+		left := max(pr.Target-pr.Position, 0)
+		if pr.Done {
+			left = 0
+		}
+		s.Restores = append(s.Restores, RestoreStatus{Table: w.tableOfChangelog(k.table), Partition: k.p, Records: pr.Records,
+			Position: pr.Position, Target: pr.Target, Remaining: left, Rate: pr.Rate,
+			ElapsedMS: float64(pr.Elapsed.Microseconds()) / 1000, Done: pr.Done})
+	}
+	s.Rebalances = slices.Clone(m.history)
+	byAgent := m.dlqByAgent
+	for _, r := range w.app.agents {
+		s.DeadLetters = append(s.DeadLetters, DeadLetterStatus{Agent: r.Name(), Topic: w.app.DeadLetterTopic(r.Name()), Written: byAgent[r.Name()]})
+	}
+	m.mu.Unlock()
+	slices.Reverse(s.Rebalances)
+	sort.Slice(s.Restores, func(i, j int) bool {
+		if s.Restores[i].Table != s.Restores[j].Table {
+			return s.Restores[i].Table < s.Restores[j].Table
+		}
+		return s.Restores[i].Partition < s.Restores[j].Partition
+	})
+	if s.Restores == nil {
+		s.Restores = []RestoreStatus{}
+	}
+	if s.Rebalances == nil {
+		s.Rebalances = []RebalanceEvent{}
+	}
+	if s.Members == nil {
+		s.Members = []Member{}
+	}
+	return s
+}
+
+// members describes the consumer group (DescribeGroups) and joins each
+// member with its HTTP address from the assignment's URL map.
+func (w *Worker) members(a assignor.Assignment) ([]Member, error) {
+	if w.meta == nil {
+		return nil, fmt.Errorf("describe group %s: worker not running", w.app.id)
+	}
+	w.adminOnce.Do(func() {
+		// Shared with tables_committed.go: built from the metadata client,
+		// never closed (closing it would close the client).
+		w.admin, w.adminErr = sarama.NewClusterAdminFromClient(w.meta)
+	})
+	if w.adminErr != nil {
+		return nil, fmt.Errorf("describe group %s: %w", w.app.id, w.adminErr)
+	}
+	ds, err := w.admin.DescribeConsumerGroups([]string{w.app.id})
+	if err != nil {
+		return nil, fmt.Errorf("describe group %s: %w", w.app.id, err)
+	}
+	var out []Member
+	for _, d := range ds {
+		if d.Err != sarama.ErrNoError {
+			return nil, fmt.Errorf("describe group %s: %w", w.app.id, d.Err)
+		}
+		for id, md := range d.Members {
+			m := Member{MemberID: id, ClientID: md.ClientId, ClientHost: md.ClientHost, Partitions: map[string][]int32{},
+				Self: id == a.MemberID}
+			if as, err := md.GetMemberAssignment(); err == nil && as != nil {
+				for t, ps := range as.Topics {
+					ps = slices.Clone(ps)
+					slices.Sort(ps)
+					m.Partitions[t] = ps
+				}
+			}
+			for t, ps := range m.Partitions {
+				if len(ps) > 0 && a.URLs[t] != nil {
+					m.URL = a.URLs[t][ps[0]]
+				}
+			}
+			out = append(out, m)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].MemberID < out[j].MemberID })
+	return out, nil
+}
+
+// WithPprof serves Go's runtime profiles (net/http/pprof) under
+// /debug/pprof/ on the worker's HTTP address; off by default, since a
+// profile exposes the process's internals and costs CPU while it runs.
+func WithPprof(on bool) Option { return func(c *Config) { c.Pprof = on } }
+
+// listenAddr is the address the HTTP server binds: addr, with localhost
+// when addr names no host (":8080"), so that a worker exposes its API to
+// other hosts only when told to.
+func listenAddr(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host != "" {
+		return addr
+	}
+	return net.JoinHostPort("127.0.0.1", port)
+}

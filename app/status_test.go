@@ -1,0 +1,310 @@
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runnel-dev/runnel/app"
+	"github.com/runnel-dev/runnel/internal/testbroker"
+)
+
+// statusCluster runs two workers of one opsApp (two declarations of the same
+// app ID, each with its own HTTP address) until the test ends.
+func statusCluster(t *testing.T) (id string, apps [2]*opsApp, workers [2]*app.Worker, brokers []string) {
+	t.Helper()
+	brokers = testbroker.Brokers(t)
+	id = testbroker.Topic(t, "app")
+	ctx, cancel := context.WithCancel(context.Background())
+	var dones []chan error
+	t.Cleanup(func() {
+		cancel()
+		for _, d := range dones {
+			if err := <-d; err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	for i := range apps {
+		apps[i] = newOpsApp(t, id)
+		w, err := apps[i].app.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: t.TempDir(), Name: fmt.Sprintf("w%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		workers[i] = w
+		done := make(chan error, 1)
+		dones = append(dones, done)
+		go func() { done <- w.Run(ctx) }()
+	}
+	return id, apps, workers, brokers
+}
+
+func getStatus(t *testing.T, addr string) (app.Status, map[string]any) {
+	t.Helper()
+	body := httpGet(t, "http://"+addr+"/api/status")
+	var s app.Status
+	if err := json.Unmarshal([]byte(body), &s); err != nil {
+		t.Fatal(err)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(body), &raw); err != nil {
+		t.Fatal(err)
+	}
+	return s, raw
+}
+
+// taskParts returns the partitions of a status's tasks.
+func taskParts(s app.Status) []int32 {
+	var ps []int32
+	for _, tk := range s.Tasks {
+		ps = append(ps, tk.Partition)
+	}
+	return ps
+}
+
+// settled reports whether the two statuses show a stable 2-member group: the
+// same generation, both ready, every partition a running task on exactly
+// one worker, and each worker following the other's changelog partitions.
+func settled(ss [2]app.Status) bool {
+	var all []int32
+	for _, s := range ss {
+		if !s.Ready || len(s.Members) != 2 || s.Assignment.Generation != ss[0].Assignment.Generation || len(s.Tasks) == 0 {
+			return false
+		}
+		for _, tk := range s.Tasks {
+			if tk.State != app.TaskRunning {
+				return false
+			}
+		}
+		if len(s.StandbyLag) != parts-len(s.Tasks) {
+			return false
+		}
+		all = append(all, taskParts(s)...)
+	}
+	slices.Sort(all)
+	return slices.Equal(all, []int32{0, 1, 2, 3})
+}
+
+var snake = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+
+// checkSnake fails on a JSON object key that is not snake_case, below the
+// objects whose keys are data (topic names, partitions).
+func checkSnake(t *testing.T, path string, v any) {
+	t.Helper()
+	switch x := v.(type) {
+	case map[string]any:
+		for k, c := range x {
+			if !snake.MatchString(k) {
+				t.Errorf("JSON key %s.%s is not snake_case", path, k)
+			}
+			switch k {
+			case "actives", "standbys", "warmups", "globals", "pending", "urls", "partitions":
+				continue // topic -> partitions
+			}
+			checkSnake(t, path+"."+k, c)
+		}
+	case []any:
+		for _, c := range x {
+			checkSnake(t, path+"[]", c)
+		}
+	}
+}
+
+// TestStatusTwoWorkers runs a 2-worker cluster on the test broker, sends 40
+// records (3 dead-lettered by agent fwd) and checks what /api/status and the
+// status page at / show on both workers: both members, the partitions split
+// between their tasks, lag 0 on each worker's claims, the other worker's
+// partitions as standbys caught up, the latest rebalance, dead-letter counts
+// that add up to 3 and processed counts that add up to 40. The page itself is
+// loaded in headless Chromium (Debian chromium; .ci/run installs it), its
+// rendered DOM checked and a screenshot kept (go test -artifacts).
+func TestStatusTwoWorkers(t *testing.T) {
+	id, apps, workers, brokers := statusCluster(t)
+	var ss [2]app.Status
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		up := true
+		for i, o := range apps {
+			resp, err := http.Get("http://" + o.addr + "/api/status")
+			if err != nil {
+				up = false // not listening yet
+				continue
+			}
+			ss[i] = app.Status{}
+			err = json.NewDecoder(resp.Body).Decode(&ss[i])
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if up && settled(ss) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("group never settled: %+v\n%+v", ss[0], ss[1])
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	gen := ss[0].Assignment.Generation
+	client := newClient(t, brokers)
+	var recs []kv
+	for i := range 40 {
+		v := "ok"
+		if i%13 == 5 {
+			v = "bad"
+		}
+		recs = append(recs, kv{fmt.Sprintf("w%d", i%10), v})
+	}
+	send(t, brokers, apps[0].words.Name(), recs...)
+	if err := app.WaitForLag0(context.Background(), client, id, []string{apps[0].words.Name()}, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Standbys apply a changelog record once its source offset is committed
+	// (lag 0 above): wait for them to catch up.
+	var raws [2]map[string]any
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		caught := true
+		for i, o := range apps {
+			ss[i], raws[i] = getStatus(t, o.addr)
+			for _, sl := range ss[i].StandbyLag {
+				caught = caught && sl.Lag == 0 && sl.Highwater > 0
+			}
+		}
+		if caught {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("standbys never caught up: %+v / %+v", ss[0].StandbyLag, ss[1].StandbyLag)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if ss[0].Assignment.Generation != gen || ss[1].Assignment.Generation != gen {
+		t.Fatalf("a rebalance happened while records were processed (generation %d, now %d/%d): counts below are not per worker",
+			gen, ss[0].Assignment.Generation, ss[1].Assignment.Generation)
+	}
+	var processed, dead int64
+	for i, s := range ss {
+		checkSnake(t, "status", raws[i])
+		if s.App != id {
+			t.Errorf("worker %d: app %q, want %q", i, s.App, id)
+		}
+		self := 0
+		for _, m := range s.Members {
+			if m.Self {
+				self++
+				if m.MemberID != s.Assignment.MemberID {
+					t.Errorf("worker %d: member %s marked self, assignment member %s", i, m.MemberID, s.Assignment.MemberID)
+				}
+				if got := m.Partitions[apps[0].words.Name()]; !slices.Equal(got, taskParts(s)) {
+					t.Errorf("worker %d: member partitions %v, tasks %v", i, got, taskParts(s))
+				}
+			}
+		}
+		if self != 1 {
+			t.Errorf("worker %d: %d members marked self, want 1: %+v", i, self, s.Members)
+		}
+		var lagParts []int32
+		for _, l := range s.Lag {
+			lagParts = append(lagParts, l.Partition)
+			if l.Lag != 0 {
+				t.Errorf("worker %d: lag %+v after the group consumed everything", i, l)
+			}
+		}
+		if !slices.Equal(lagParts, taskParts(s)) {
+			t.Errorf("worker %d: lag of partitions %v, tasks of %v", i, lagParts, taskParts(s))
+		}
+		if len(s.Rebalances) == 0 || s.Rebalances[0].Generation != gen {
+			t.Errorf("worker %d: rebalances %+v, want the latest of generation %d first", i, s.Rebalances, gen)
+		}
+		for _, d := range s.DeadLetters {
+			if d.Agent == "fwd" {
+				dead += d.Written
+				if d.Topic != id+"-fwd-dlq" {
+					t.Errorf("worker %d: dead-letter topic %q", i, d.Topic)
+				}
+			} else if d.Written != 0 {
+				t.Errorf("worker %d: %+v, want no dead letters of agent count", i, d)
+			}
+		}
+		if s.DeadLettered != workers[i].DeadLettered() {
+			t.Errorf("worker %d: dead_lettered %d, Worker.DeadLettered %d", i, s.DeadLettered, workers[i].DeadLettered())
+		}
+		processed += s.Processed
+	}
+	if dead != 3 || processed != 40 {
+		t.Errorf("dead letters %d and processed %d over both workers; want 3 and 40", dead, processed)
+	}
+	page := httpGet(t, "http://"+apps[0].addr+"/")
+	if !strings.Contains(page, `fetch("api/status")`) || !strings.Contains(page, "<title>Runnel worker</title>") {
+		t.Errorf("status page does not load api/status: %.300s", page)
+	}
+	checkSnake(t, "assignment", func() any {
+		var v any
+		_ = json.Unmarshal([]byte(httpGet(t, "http://"+apps[1].addr+"/api/assignment")), &v)
+		return v
+	}())
+
+	chromiumPage(t, apps[1].addr, ss[1])
+}
+
+// chromiumPage loads the status page of addr in headless Chromium and
+// checks that its script rendered s: the dead-letter total, both members
+// with this worker marked, and a running task per partition of the worker.
+func chromiumPage(t *testing.T, addr string, s app.Status) {
+	t.Helper()
+	bin, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("the status page test needs Debian's chromium (apt-get install chromium; .ci/run installs it): %v", err)
+	}
+	args := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--user-data-dir=" + t.TempDir(), "--virtual-time-budget=4000"}
+	url := "http://" + addr + "/"
+	run := func(extra ...string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, append(append(slices.Clone(args), extra...), url)...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("chromium %v: %v\n%s", extra, err, stderr.String())
+		}
+		return string(out)
+	}
+	dom := run("--dump-dom")
+	want := []string{
+		fmt.Sprintf(`<b id="dead_lettered">%d</b>`, s.DeadLettered),
+		fmt.Sprintf(`<b id="processed">%d</b>`, s.Processed),
+		s.Assignment.MemberID + " (this worker)",
+		fmt.Sprintf(`<span id="generation">%d</span>`, s.Assignment.Generation),
+	}
+	for _, m := range s.Members {
+		want = append(want, m.MemberID)
+	}
+	for _, p := range taskParts(s) {
+		want = append(want, fmt.Sprintf("<td>%d/%d</td><td class=\"ok\">running</td>", p, parts))
+	}
+	for _, w := range want {
+		if !strings.Contains(dom, w) {
+			t.Errorf("rendered status page lacks %q", w)
+		}
+	}
+	if t.Failed() {
+		t.Logf("rendered DOM:\n%s", dom)
+	}
+	shot := filepath.Join(t.ArtifactDir(), "status.png")
+	run("--screenshot="+shot, "--window-size=1280,1400", "--hide-scrollbars")
+	if fi, err := os.Stat(shot); err != nil || fi.Size() < 10_000 {
+		t.Errorf("screenshot %s: %v (%v)", shot, fi, err)
+	}
+	t.Logf("screenshot: %s", shot)
+}
