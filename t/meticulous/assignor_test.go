@@ -105,7 +105,7 @@ func (w *world) apply(plan assignor.Plan) {
 	}
 }
 
-func plan(t *rapid.T, c assignor.Cluster) assignor.Plan {
+func plan(t interface{ Fatalf(string, ...any) }, c assignor.Cluster) assignor.Plan {
 	p, err := assignor.PlanAssignment(c)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
