@@ -1168,7 +1168,12 @@ func (p *planner) lagAware() bool {
 	}
 	// A caught-up standby holder that took the active leaves its standby
 	// slot: the least-loaded member that holds no role for the task takes
-	// it, else (R' = N-1) the target's warm-up becomes the standby.
+	// it. Without one (R' = N-1) the target's warm-up is the task's other
+	// replica (it follows the changelog as a standby does, and a removal
+	// promotes it the same way) and stays a warm-up: turned into a standby,
+	// nothing asked for the follow-up when it caught up, and a worker
+	// joining a busy one waited for the probing rebalance (10 min; measured
+	// with bench/sidebyside -workloads scaleout).
 	for _, t := range refill {
 		g := p.groups[p.taskG[t]]
 		best := -1
@@ -1182,8 +1187,7 @@ func (p *planner) lagAware() bool {
 			}
 		}
 		if best < 0 {
-			best = p.warm[t][len(p.warm[t])-1]
-			p.warm[t] = p.warm[t][:len(p.warm[t])-1]
+			continue
 		}
 		p.standby[t] = append(p.standby[t], best)
 		p.sload[best]++
