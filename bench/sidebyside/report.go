@@ -163,6 +163,9 @@ func (r *report) table() string {
 			case "handover", "kill":
 				notes = fmt.Sprintf("counted twice: median %d (%d–%d)", c.doubles, c.doublesMin, c.doublesMx)
 				cpu, rss = "", ""
+			case "scaleout":
+				notes = fmt.Sprintf("fair share after the newcomer's start; changelog %d offsets at its start; counted twice: median %d (%d–%d)", c.span, c.doubles, c.doublesMin, c.doublesMx)
+				cpu, rss = "", ""
 			}
 			fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %s | %s | %s | %s | %s |\n", wl, s.name, c.runs, c.seconds, rate, ratio, cpu, rss, notes)
 		}
