@@ -83,6 +83,12 @@ func (a *App) Command() *cobra.Command {
 			if instanceID != "" {
 				a.cfg.InstanceID = instanceID
 			}
+			// KIP-441 settings (WithWarmups); a flag given wins.
+			if f := cmd.Flags(); f.Changed("acceptable-recovery-lag") || f.Changed("max-warmups") || f.Changed("probing-interval") {
+				a.cfg.AcceptableRecoveryLag, _ = f.GetInt64("acceptable-recovery-lag")
+				a.cfg.MaxWarmupReplicas, _ = f.GetInt("max-warmups")
+				a.cfg.ProbingRebalanceInterval, _ = f.GetDuration("probing-interval")
+			}
 			w, err := a.NewWorker(WorkerOptions{})
 			if err != nil {
 				return err
@@ -92,6 +98,9 @@ func (a *App) Command() *cobra.Command {
 	}
 	worker.Flags().StringVar(&httpAddr, "http-addr", "", "serve /healthz, /readyz, /metrics, /api/assignment here (env RUNNEL_HTTP_ADDR)")
 	worker.Flags().StringVar(&instanceID, "instance-id", "", "static group membership (KIP-345): this worker's own stable ID (env RUNNEL_INSTANCE_ID)")
+	worker.Flags().Int64("acceptable-recovery-lag", a.cfg.AcceptableRecoveryLag, "KIP-441: changelog offsets a worker may lag and still take an active (0: 10000)")
+	worker.Flags().Int("max-warmups", a.cfg.MaxWarmupReplicas, "KIP-441: warm-up replicas per plan at most (0: 2)")
+	worker.Flags().Duration("probing-interval", a.cfg.ProbingRebalanceInterval, "KIP-441: rebalance this long after a plan with warm-ups at the latest (0: 10m; a caught-up warm-up asks at once)")
 
 	var do DevOptions
 	var noProgress bool
