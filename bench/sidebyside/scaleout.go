@@ -3,6 +3,9 @@ package main
 import (
 	"fmt"
 	"math"
+	"os"
+	"regexp"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -79,7 +82,8 @@ func (h *harness) runScaleOut(s *system, round int) result {
 	if res.Span, err = r.b.topicSize(s.changelog(r.id)); err != nil {
 		return res.fail(err)
 	}
-	if c2, err = r.start("stateful", "w2"); err != nil {
+	// Runnel's worker logs each warm-up that caught up (info level).
+	if c2, err = r.start("stateful", "w2", "BENCH_LOG_LEVEL=info"); err != nil {
 		return res.fail(err)
 	}
 	fair := h.cfg.partitions / 2
@@ -111,7 +115,13 @@ func (h *harness) runScaleOut(s *system, round int) result {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	res.Seconds = time.Since(c2.start).Seconds()
+	fairAt := time.Now()
+	res.Seconds = fairAt.Sub(c2.start).Seconds()
+	if at, n := warmupsCaughtUp(c2.log.Name(), fairAt); n > 0 {
+		res.WarmupS = at.Sub(c2.start).Seconds()
+		r.h.logf("scaleout: %d warm-up follow-ups; the last warm-up caught up %.2f s after the newcomer's start, fair share %.2f s after it",
+			n, res.WarmupS, res.Seconds)
+	}
 	pb.stop()
 	if err := pb.err(); err != nil {
 		return res.fail(err)
@@ -127,4 +137,32 @@ func (h *harness) runScaleOut(s *system, round int) result {
 	}
 	res.Doubles = st.excess
 	return res
+}
+
+// warmUpLine is what Runnel's assignor logs when a warm-up caught up and
+// the member asks for the follow-up rebalance (assignor.CheckWarmups).
+var warmUpLine = regexp.MustCompile(`^time=(\S+) .*warm-up caught up`)
+
+// warmupsCaughtUp returns the time of the last "warm-up caught up" line of
+// a worker log before limit, and how many there were (0: none, or not
+// Runnel).
+func warmupsCaughtUp(path string, limit time.Time) (time.Time, int) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return time.Time{}, 0
+	}
+	var last time.Time
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		m := warmUpLine.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil || at.After(limit) {
+			continue
+		}
+		last, n = at, n+1
+	}
+	return last, n
 }
