@@ -51,6 +51,12 @@ type Config struct {
 	AcceptableRecoveryLag    int64
 	MaxWarmupReplicas        int
 	ProbingRebalanceInterval time.Duration
+	// MaxURLMapBytes bounds what the partition -> URL map for interactive
+	// queries may add to the group's assignments in total (the leader's
+	// assignor.Config.MaxURLMapBytes; default 256 KiB, negative: always left
+	// out). Above it workers derive the map from the group's description
+	// (assignor.URLsFromGroup). WithURLMapBudget.
+	MaxURLMapBytes int
 	// InstanceID enables static membership (KIP-345): a worker that restarts
 	// with the same ID within the session timeout gets its partitions back
 	// without a rebalance. Each worker needs its own. Env RUNNEL_INSTANCE_ID,
@@ -161,6 +167,10 @@ func ParseGuarantee(s string) (Guarantee, error) {
 
 // WithGuarantee sets the processing guarantee (Config.Guarantee).
 func WithGuarantee(g Guarantee) Option { return func(c *Config) { c.Guarantee = g } }
+
+// WithURLMapBudget sets Config.MaxURLMapBytes (bytes over all members'
+// assignments; negative: workers always derive the URL map).
+func WithURLMapBudget(bytes int) Option { return func(c *Config) { c.MaxURLMapBytes = bytes } }
 
 // WithInstanceID enables static membership (KIP-345) with this worker's
 // group.instance.id; see Config.InstanceID.

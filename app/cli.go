@@ -93,6 +93,12 @@ func (a *App) Command() *cobra.Command {
 				a.cfg.InstanceID = instanceID
 			}
 			a.cfg.Pprof = a.cfg.Pprof || pprofOn
+			// KIP-441 settings (WithWarmups); a flag given wins.
+			if f := cmd.Flags(); f.Changed("acceptable-recovery-lag") || f.Changed("max-warmups") || f.Changed("probing-interval") {
+				a.cfg.AcceptableRecoveryLag, _ = f.GetInt64("acceptable-recovery-lag")
+				a.cfg.MaxWarmupReplicas, _ = f.GetInt("max-warmups")
+				a.cfg.ProbingRebalanceInterval, _ = f.GetDuration("probing-interval")
+			}
 			w, err := a.NewWorker(WorkerOptions{})
 			if err != nil {
 				return err
@@ -103,6 +109,9 @@ func (a *App) Command() *cobra.Command {
 	worker.Flags().StringVar(&httpAddr, "http-addr", "", "serve the status page, /metrics, /healthz, /readyz and the JSON API here; \":8080\" binds localhost, \"0.0.0.0:8080\" every interface (env RUNNEL_HTTP_ADDR)")
 	worker.Flags().BoolVar(&pprofOn, "pprof", false, "serve Go profiles under /debug/pprof/ on --http-addr")
 	worker.Flags().StringVar(&instanceID, "instance-id", "", "static group membership (KIP-345): this worker's own stable ID (env RUNNEL_INSTANCE_ID)")
+	worker.Flags().Int64("acceptable-recovery-lag", a.cfg.AcceptableRecoveryLag, "KIP-441: changelog offsets a worker may lag and still take an active (0: 10000)")
+	worker.Flags().Int("max-warmups", a.cfg.MaxWarmupReplicas, "KIP-441: warm-up replicas per plan at most (0: 2)")
+	worker.Flags().Duration("probing-interval", a.cfg.ProbingRebalanceInterval, "KIP-441: rebalance this long after a plan with warm-ups at the latest (0: 10m; a caught-up warm-up asks at once)")
 
 	var do DevOptions
 	var noProgress bool

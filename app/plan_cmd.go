@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -8,8 +9,11 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 
+	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/assignor"
+	"github.com/runnel-dev/runnel/table"
 	"github.com/spf13/cobra"
 )
 
@@ -223,18 +227,34 @@ func (a *App) assignmentCommand() *cobra.Command {
 		Use:   "plan",
 		Short: "Print the assignor's plan for a cluster described in JSON (no broker needed)",
 		Long: "Reads a cluster description (members with their previous actives and standbys, topics, changelogs,\n" +
-			"replicas; docs/assignment.md) from --file or stdin, optionally adds or removes members, and prints\n" +
-			"the plan and every partition that moves as JSON.",
+			"replicas; docs/assignment.md) from --file or stdin, or with --brokers from the app's live consumer\n" +
+			"group (DescribeGroups: each member's subscription and assignment; highwaters of the changelogs),\n" +
+			"optionally adds or removes members, and prints the plan and every partition that moves as JSON.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var r io.Reader = cmd.InOrStdin()
-			if file != "" && file != "-" {
+			if cmd.Flags().Changed("brokers") {
+				// The live group: its members' state from DescribeGroups.
+				in, err := a.liveGroupInput()
+				if err != nil {
+					return fmt.Errorf("assignment plan: %w", err)
+				}
+				b, err := json.Marshal(in)
+				if err != nil {
+					return fmt.Errorf("assignment plan: %w", err)
+				}
+				r = bytes.NewReader(b)
+			} else if file != "" && file != "-" {
 				f, err := os.Open(file)
 				if err != nil {
 					return fmt.Errorf("assignment plan: %w", err)
 				}
 				defer f.Close()
 				r = f
+			} else if f, ok := r.(*os.File); ok {
+				if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+					fmt.Fprintln(cmd.ErrOrStderr(), "assignment plan: reading the cluster description (JSON, docs/assignment.md) from the terminal; end it with Ctrl-D, or use --file, or --brokers to read the live group")
+				}
 			}
 			out, err := PlanFromJSON(r, what)
 			if err != nil {
@@ -251,4 +271,92 @@ func (a *App) assignmentCommand() *cobra.Command {
 	plan.Flags().BoolVar(&what.Cooperative, "cooperative", false, "plan for the cooperative protocol: moves from a member that runs the partition now are withheld (pending)")
 	cmd.AddCommand(plan)
 	return cmd
+}
+
+// liveGroupInput describes the app's consumer group on its brokers
+// (Config.Brokers) as a PlanInput: the members' state as they would report
+// it at their next join (assignor.MembersFromGroup), the subscribed topics'
+// partition counts, the app's changelogs and their highwaters (so the
+// KIP-441 lag rule applies), the app's replicas and warm-up settings.
+func (a *App) liveGroupInput() (PlanInput, error) {
+	g, err := a.Topology()
+	if err != nil {
+		return PlanInput{}, err
+	}
+	brokers, err := resolveBrokers(a.cfg.Brokers)
+	if err != nil {
+		return PlanInput{}, err
+	}
+	sc := sarama.NewConfig()
+	sc.ClientID = "runnel-plan-" + a.id
+	sc.Version = sarama.V2_1_0_0
+	client, err := sarama.NewClient(brokers, sc)
+	if err != nil {
+		return PlanInput{}, fmt.Errorf("connect to %s: %w", strings.Join(brokers, ","), err)
+	}
+	defer client.Close()
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return PlanInput{}, err
+	}
+	ds, err := admin.DescribeConsumerGroups([]string{a.id})
+	if err != nil {
+		return PlanInput{}, fmt.Errorf("describe group %s: %w", a.id, err)
+	}
+	if len(ds) == 0 || len(ds[0].Members) == 0 {
+		return PlanInput{}, fmt.Errorf("group %s has no members (state %q)", a.id, groupState(ds))
+	}
+	members, errs, err := assignor.MembersFromGroup(ds[0])
+	if err != nil {
+		return PlanInput{}, err
+	}
+	for id, e := range errs {
+		fmt.Fprintf(os.Stderr, "assignment plan: member %s planned without state: %v\n", id, e)
+	}
+	in := PlanInput{Topics: map[string]int32{}, Changelogs: map[string]int32{}, Globals: map[string]int32{},
+		Replicas: a.cfg.Replicas, Cooperative: a.cfg.rebalanceProtocol() == sarama.RebalanceProtocolCooperative,
+		EndOffsets: map[string]map[int32]int64{}, AcceptableRecoveryLag: a.cfg.AcceptableRecoveryLag, MaxWarmupReplicas: a.cfg.MaxWarmupReplicas}
+	for _, m := range members {
+		for _, t := range m.Topics {
+			if _, ok := in.Topics[t]; ok {
+				continue
+			}
+			ps, err := client.Partitions(t)
+			if err != nil {
+				return PlanInput{}, fmt.Errorf("partitions of %s: %w", t, err)
+			}
+			in.Topics[t] = int32(len(ps))
+		}
+		in.Members = append(in.Members, PlanInputMember{ID: m.ID, Process: m.ProcessID, URL: m.URL, Generation: m.Generation,
+			Topics: m.Topics, Actives: m.PrevActives, Standbys: m.PrevStandbys, Offsets: m.Offsets})
+	}
+	for _, t := range g.Tables {
+		global := false
+		for _, d := range a.tables {
+			if _, ok := d.(table.GlobalDef); ok && d.Name() == t.Name {
+				global = true
+			}
+		}
+		if global {
+			in.Globals[t.Changelog] = t.Partitions
+			continue
+		}
+		in.Changelogs[t.Changelog] = t.Partitions
+		in.EndOffsets[t.Changelog] = map[int32]int64{}
+		for p := range t.Partitions {
+			hw, err := client.GetOffset(t.Changelog, p, sarama.OffsetNewest)
+			if err != nil {
+				return PlanInput{}, fmt.Errorf("highwater of %s[%d]: %w", t.Changelog, p, err)
+			}
+			in.EndOffsets[t.Changelog][p] = hw
+		}
+	}
+	return in, nil
+}
+
+func groupState(ds []*sarama.GroupDescription) string {
+	if len(ds) == 0 {
+		return "unknown"
+	}
+	return ds[0].State
 }

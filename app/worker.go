@@ -81,6 +81,8 @@ type Worker struct {
 	fatal        fatalState   // agent.StopWorker errors end Run (redeliver.go)
 	attempts     attempts     // failed deliveries per record, across sessions (redeliver.go)
 
+	derived derivedURLs // URL map derived when the leader left it out (global_http.go)
+
 	adminOnce sync.Once // builds admin (tables_committed.go)
 	admin     sarama.ClusterAdmin
 	adminErr  error
@@ -415,6 +417,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		AcceptableRecoveryLag:    w.cfg.AcceptableRecoveryLag,
 		MaxWarmupReplicas:        w.cfg.MaxWarmupReplicas,
 		ProbingRebalanceInterval: w.cfg.ProbingRebalanceInterval,
+		MaxURLMapBytes:           w.cfg.MaxURLMapBytes,
 		Protocol:                 w.cfg.rebalanceProtocol(),
 		ProcessID:                w.procID,
 		URL:                      w.cfg.HTTPAddr,

@@ -39,6 +39,13 @@ type Member struct {
 	// Offsets maps changelog topic -> partition -> the offset of the last record
 	// applied to the local store (-1 or absent: none).
 	Offsets map[string]map[int32]int64
+	// Since maps topic -> partition -> the generation since which the
+	// member has held that previous active without a break (absent:
+	// Generation). When a member must give up actives, it gives the most
+	// recently acquired first: after a whole-group restart the members that
+	// rejoined first keep their own partitions and hand back those they only
+	// held while the others were away.
+	Since map[string]map[int32]int32
 	// Owned maps topic -> partitions the member consumes right now (the
 	// OwnedPartitions of its JoinGroup subscription, KIP-429). Only read when
 	// Cluster.Cooperative is set; nil means PrevActives.
@@ -144,16 +151,26 @@ type group struct {
 // order. Invariants kept by every phase: active[t] is -1 or a member eligible
 // for t's group; load[m] == number of t with active[t] == m.
 type planner struct {
-	c        Cluster
-	members  []Member
-	groups   []group
-	taskG    []int   // task -> group index
-	taskP    []int32 // task -> partition
-	topicG   map[string]int
-	active   []int
-	load     []int
-	holders  [][]int // task -> members with local state (prev standby, warm-up or displaced active), ID order
-	prevOwn  []int   // task -> previous active owner kept as the claim (-1 none)
+	c       Cluster
+	members []Member
+	groups  []group
+	taskG   []int   // task -> group index
+	taskP   []int32 // task -> partition
+	topicG  map[string]int
+	active  []int
+	load    []int
+	holders [][]int // task -> members with local state (prev standby, warm-up or displaced active), ID order
+	prevOwn []int   // task -> previous active owner kept as the claim (-1 none)
+	// older: task -> the other members that claimed it as a previous active
+	// and lost to prevOwn (an older generation, or the same one and a higher
+	// ID), most recent claim first. After a restart of the whole group the
+	// members joining last claim their partitions at the generation before
+	// the restart, below what the members that joined first took meanwhile:
+	// these claims decide which surplus tasks go back to whom.
+	older [][]int
+	// since: task -> the generation since which prevOwn has held it
+	// (Member.Since, bounded by its claimed generation); 0 without prevOwn.
+	since    []int32
 	standby  [][]int
 	sload    []int
 	warm     [][]int
@@ -399,6 +416,7 @@ func (p *planner) claim() {
 			p.untrust = append(p.untrust, mem.ID)
 		}
 	}
+	p.older = make([][]int, len(p.taskG))
 	for m := range p.members {
 		mem := p.members[m]
 		for _, t := range p.tasksOf(mem.PrevActives) {
@@ -409,10 +427,12 @@ func (p *planner) claim() {
 			if o < 0 || p.gen[m] > p.gen[o] {
 				if o >= 0 {
 					p.holders[t] = append(p.holders[t], o)
+					p.older[t] = append(p.older[t], o)
 				}
 				p.prevOwn[t] = m
 			} else {
 				p.holders[t] = append(p.holders[t], m)
+				p.older[t] = append(p.older[t], m)
 			}
 		}
 		for _, t := range p.tasksOf(mem.PrevStandbys) {
@@ -420,6 +440,30 @@ func (p *planner) claim() {
 				p.holders[t] = append(p.holders[t], m)
 			}
 		}
+	}
+	p.since = make([]int32, len(p.taskG))
+	for t, o := range p.prevOwn {
+		if o < 0 {
+			continue
+		}
+		p.since[t] = p.gen[o]
+		g := p.groups[p.taskG[t]]
+		for _, topic := range append(slices.Clone(g.sources), g.changelogs...) {
+			if v, ok := p.members[o].Since[topic][p.taskP[t]]; ok && v < p.since[t] {
+				p.since[t] = v
+			}
+		}
+	}
+	for t, ms := range p.older {
+		// Most recent claim first; the same generation by ID (members are
+		// indexed in ID order).
+		slices.SortFunc(ms, func(a, b int) int {
+			if p.gen[a] != p.gen[b] {
+				return int(p.gen[b]) - int(p.gen[a])
+			}
+			return a - b
+		})
+		p.older[t] = ms
 	}
 	for t := range p.holders {
 		h := p.holders[t]
@@ -515,6 +559,10 @@ func (p *planner) assignPhase(stateful bool) {
 	}
 	capacity := (total + n - 1) / n
 	// 2. Keep previous actives up to capacity. When trimming, drop first the
+	// tasks another member claimed as an active of an earlier generation
+	// (after a whole-group restart: the partitions of a member that joined
+	// later, which it gets back in step 3), then the most recently acquired
+	// (Member.Since: it keeps what it held before the restart), then the
 	// tasks another member holds state for, then the highest task numbers.
 	owned := make([][]int, n)
 	for t, o := range p.prevOwn {
@@ -526,6 +574,15 @@ func (p *planner) assignPhase(stateful bool) {
 		room := max(0, capacity-p.load[m])
 		if len(ts) > room {
 			slices.SortStableFunc(ts, func(a, b int) int {
+				if oa, ob := len(p.older[a]) > 0, len(p.older[b]) > 0; oa != ob {
+					if ob {
+						return -1
+					}
+					return 1
+				}
+				if p.since[a] != p.since[b] {
+					return int(p.since[a]) - int(p.since[b]) // the longest held first
+				}
 				ha, hb := len(p.holders[a]) > 0, len(p.holders[b]) > 0
 				if ha != hb {
 					if hb {
@@ -558,12 +615,21 @@ func (p *planner) assignPhase(stateful bool) {
 	// another task costs two moves (issue #13: total moves within 5% of the
 	// minimum; restores stay below Sarama sticky's moves, bench
 	// TestAssignorMoves).
+	//
+	// An orphan goes to the member with the most recent earlier claim on it
+	// first (p.older: the member it belonged to before a whole-group restart
+	// gets it back), then to any state holder.
 	floor, extra := total/n, total%n
 	placedHere := make([]bool, len(p.taskG)) // placed in this pass: free to move again
-	for _, ceil := range []bool{false, true} {
+	for _, pass := range []struct{ ceil, older bool }{{false, true}, {true, true}, {false, false}, {true, false}} {
+		ceil := pass.ceil
 		for _, t := range orphans {
 			if p.active[t] >= 0 || len(p.holders[t]) == 0 {
 				continue
+			}
+			cands := p.holders[t]
+			if pass.older {
+				cands = p.older[t]
 			}
 			above := 0
 			for _, l := range p.load {
@@ -575,11 +641,14 @@ func (p *planner) assignPhase(stateful bool) {
 				return p.load[h] < floor || (ceil && p.load[h] == floor && above < extra)
 			}
 			visited := make([]bool, n)
-			for _, h := range p.holders[t] {
+			for _, h := range cands {
 				if visited[h] {
 					continue
 				}
 				visited[h] = true
+				if pass.older && !room(h) {
+					continue // no chains that would move a claimant's task away
+				}
 				if p.freeSlot(h, room, visited, placedHere) {
 					p.active[t] = h
 					p.load[h]++
@@ -716,7 +785,7 @@ func (p *planner) balanceActives(gcount [][]int, inPhase []bool, pref []int) {
 		moved := false
 		for _, r := range lows {
 			bestD, bestT := -1, -1
-			var bestKey [7]int
+			var bestKey [9]int
 			for t, d := range p.active {
 				if d < 0 || !inPhase[t] || p.load[d]-p.load[r] <= 1 || !p.eligible(r, t) {
 					continue
@@ -728,11 +797,19 @@ func (p *planner) balanceActives(gcount [][]int, inPhase []bool, pref []int) {
 				} else if p.prevOwn[t] == d || p.isHolder(d, t) {
 					owned = 1
 				}
-				noState := 1
-				if p.prevOwn[t] == r || p.isHolder(r, t) {
+				// The receiver's claim: it ran the task before (an earlier
+				// generation: it rejoined, or the whole group restarted and
+				// d took the task while r was away), it holds state, or
+				// nothing. A task going back to its earlier owner comes
+				// first: with it the group settles where it was before a
+				// whole-group restart (t/meticulous TestWholeGroupRestart).
+				back, noState := 1, 1
+				if slices.Contains(p.older[t], r) {
+					back, noState = 0, 0
+				} else if p.prevOwn[t] == r || p.isHolder(r, t) {
 					noState = 0
 				}
-				key := [7]int{-p.load[d], p.lagging(r, t), -pref[d], noState, owned, gcount[gi][r] - gcount[gi][d], t}
+				key := [9]int{-p.load[d], p.lagging(r, t), -pref[d], back, -int(p.since[t]), noState, owned, gcount[gi][r] - gcount[gi][d], t}
 				if bestD < 0 || slices.Compare(key[:], bestKey[:]) < 0 {
 					bestD, bestT, bestKey = d, t, key
 				}
@@ -1091,7 +1168,12 @@ func (p *planner) lagAware() bool {
 	}
 	// A caught-up standby holder that took the active leaves its standby
 	// slot: the least-loaded member that holds no role for the task takes
-	// it, else (R' = N-1) the target's warm-up becomes the standby.
+	// it. Without one (R' = N-1) the target's warm-up is the task's other
+	// replica (it follows the changelog as a standby does, and a removal
+	// promotes it the same way) and stays a warm-up: turned into a standby,
+	// nothing asked for the follow-up when it caught up, and a worker
+	// joining a busy one waited for the probing rebalance (10 min; measured
+	// with bench/sidebyside -workloads scaleout).
 	for _, t := range refill {
 		g := p.groups[p.taskG[t]]
 		best := -1
@@ -1105,8 +1187,7 @@ func (p *planner) lagAware() bool {
 			}
 		}
 		if best < 0 {
-			best = p.warm[t][len(p.warm[t])-1]
-			p.warm[t] = p.warm[t][:len(p.warm[t])-1]
+			continue
 		}
 		p.standby[t] = append(p.standby[t], best)
 		p.sload[best]++

@@ -104,6 +104,11 @@ type Assignment struct {
 	// assignments (it would have exceeded Config.MaxURLMapBytes): fill URLs
 	// from a DescribeGroups response with URLsFromGroup.
 	URLsOmitted bool
+	// Since maps topic -> partition -> the generation since which this
+	// member has held that active without a break (kept by the Strategy
+	// across OnAssignment calls and restarts, Restore; reported to the
+	// leader as Member.Since).
+	Since map[string]map[int32]int32
 }
 
 // Strategy is Runnel's sarama.BalanceStrategy (also SubscriptionUserData-,
@@ -232,6 +237,7 @@ func (s *Strategy) SubscriptionUserData(topics []string) ([]byte, error) {
 		PrevActives:  actives,
 		PrevStandbys: standbys,
 		Offsets:      offsets,
+		Since:        cur.Since,
 	}), nil
 }
 
@@ -280,7 +286,7 @@ func (s *Strategy) Plan(members map[string]sarama.ConsumerGroupMemberMetadata, t
 			} else {
 				claimed[id] = sub.Generation
 				m.ProcessID, m.URL, m.Generation = sub.ProcessID, sub.URL, sub.Generation
-				m.PrevActives, m.PrevStandbys, m.Offsets = sub.PrevActives, sub.PrevStandbys, sub.Offsets
+				m.PrevActives, m.PrevStandbys, m.Offsets, m.Since = sub.PrevActives, sub.PrevStandbys, sub.Offsets, sub.Since
 				if sub.Instance == s.instance {
 					leaderID = id
 				}
@@ -394,6 +400,11 @@ func (s *Strategy) OnAssignment(assignment *sarama.ConsumerGroupMemberAssignment
 		a.URLs = map[string]map[int32]string{}
 	}
 	s.mu.Lock()
+	prev := s.cur
+	if prev.Generation == -1 && s.restored != nil {
+		prev = *s.restored
+	}
+	a.Since = heldSince(prev, a.Actives, generationID)
 	s.cur = a
 	s.groupGen = max(s.groupGen, generationID)
 	if s.probeTimer != nil {
@@ -407,6 +418,29 @@ func (s *Strategy) OnAssignment(assignment *sarama.ConsumerGroupMemberAssignment
 	if s.cfg.OnAssignment != nil {
 		s.cfg.OnAssignment(cloneAssignment(a))
 	}
+}
+
+// heldSince returns Assignment.Since for actives received in generation
+// gen by a member whose previous assignment was prev: an active it already
+// held keeps its generation (prev.Since, else prev.Generation), a new one
+// gets gen.
+func heldSince(prev Assignment, actives map[string][]int32, gen int32) map[string]map[int32]int32 {
+	out := make(map[string]map[int32]int32, len(actives))
+	for t, ps := range actives {
+		m := make(map[int32]int32, len(ps))
+		for _, p := range ps {
+			g := gen
+			if slices.Contains(prev.Actives[t], p) && prev.Generation >= 0 {
+				g = prev.Generation
+				if v, ok := prev.Since[t][p]; ok && v < g {
+					g = v
+				}
+			}
+			m[p] = g
+		}
+		out[t] = m
+	}
+	return out
 }
 
 func cloneTP(m map[string][]int32) map[string][]int32 {
@@ -425,6 +459,11 @@ func cloneAssignment(a Assignment) Assignment {
 		urls[t] = maps.Clone(m)
 	}
 	a.URLs = urls
+	since := make(map[string]map[int32]int32, len(a.Since))
+	for t, m := range a.Since {
+		since[t] = maps.Clone(m)
+	}
+	a.Since = since
 	return a
 }
 

@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"sync"
 	"testing"
+
+	"github.com/IBM/sarama"
 )
 
 func TestCaughtUpWarmups(t *testing.T) {
@@ -143,5 +145,38 @@ func TestRestoreReportsPersistedState(t *testing.T) {
 	}
 	if c := s.Current(); c.Generation != -1 || len(c.Actives) != 0 {
 		t.Fatalf("Current after Restore: %+v, want nothing assigned yet", c)
+	}
+}
+
+// Since survives a restart and counts only unbroken tenure: a restored
+// member that receives its old active plus a new one reports the old one
+// since its generation before the restart and the new one since the new
+// generation; an active it lost and got back starts again.
+func TestSinceTracksTenure(t *testing.T) {
+	s := NewStrategy(Config{Changelogs: map[string]int32{"cl": 4}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s.Restore(Assignment{Generation: 9, Actives: map[string][]int32{"src": {1}, "cl": {1}},
+		Since: map[string]map[int32]int32{"src": {1: 4}, "cl": {1: 4}}})
+	assign := func(gen int32, ps ...int32) {
+		s.OnAssignment(&sarama.ConsumerGroupMemberAssignment{UserData: encodeAssignment(assignmentData{
+			Generation: gen, MemberID: "m", Actives: map[string][]int32{"src": ps, "cl": ps}})}, gen)
+	}
+	assign(12, 1, 2)
+	want := map[string]map[int32]int32{"src": {1: 4, 2: 12}, "cl": {1: 4, 2: 12}}
+	if got := s.Current().Since; !reflect.DeepEqual(got, want) {
+		t.Fatalf("since after the first assignment: %v, want %v", got, want)
+	}
+	ud, err := s.SubscriptionUserData([]string{"src"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The subscription carries only what is older than its generation.
+	if sub, err := decodeSubscription(ud); err != nil || !reflect.DeepEqual(sub.Since, map[string]map[int32]int32{"src": {1: 4}, "cl": {1: 4}}) {
+		t.Fatalf("subscription since: %v %v", sub.Since, err)
+	}
+	assign(13, 2)
+	assign(14, 1, 2)
+	want = map[string]map[int32]int32{"src": {1: 14, 2: 12}, "cl": {1: 14, 2: 12}}
+	if got := s.Current().Since; !reflect.DeepEqual(got, want) {
+		t.Fatalf("since after losing and regaining partition 1: %v, want %v", got, want)
 	}
 }

@@ -38,6 +38,9 @@ import (
 //	uvarint instance, string process, string url, varint generation,
 //	topicmap prevActives, topicmap prevStandbys,
 //	uvarint topics, then (string topic, uvarint count, then (uvarint partition, varint offset)...)
+//	v3 appends: uvarint count, then (varint generation, topicmap) sorted by
+//	generation: the previous actives held continuously since an earlier
+//	generation than the subscription's (the others since that generation)
 //
 // Assignment v1/v2 (legacy, leader -> member, SyncGroup user data):
 //
@@ -57,7 +60,7 @@ import (
 //	topics that share one partition -> URL map: uvarint topics, string
 //	topic..., then per URL in table order: parts (the partitions it serves)
 const (
-	subscriptionVersion = 2
+	subscriptionVersion = 3
 	assignmentVersion   = 3
 
 	legacySubscriptionVersion = 1
@@ -94,6 +97,10 @@ type subscription struct {
 	Generation                int32
 	PrevActives, PrevStandbys map[string][]int32
 	Offsets                   map[string]map[int32]int64
+	// Since (v3): topic -> partition -> the generation since which the
+	// member has held that previous active without a break, for those held
+	// since before Generation.
+	Since map[string]map[int32]int32
 }
 
 // assignmentData is the leader -> member user data.
@@ -283,6 +290,35 @@ func (d *decoder) end(v, known byte) {
 }
 
 func encodeSubscription(s subscription) []byte {
+	e := encodeSubscriptionV2Body(s)
+	// v3: since, grouped by generation.
+	bySince := map[int32]map[string][]int32{}
+	for t, m := range s.Since {
+		for p, g := range m {
+			if g >= s.Generation {
+				continue
+			}
+			if bySince[g] == nil {
+				bySince[g] = map[string][]int32{}
+			}
+			bySince[g][t] = append(bySince[g][t], p)
+		}
+	}
+	gens := make([]int32, 0, len(bySince))
+	for g := range bySince {
+		gens = append(gens, g)
+	}
+	slices.Sort(gens)
+	e.uvarint(uint64(len(gens)))
+	for _, g := range gens {
+		e.varint(int64(g))
+		e.topicMap(bySince[g])
+	}
+	return seal(subscriptionVersion, e.b)
+}
+
+// encodeSubscriptionV2Body encodes the fields of subscription v2.
+func encodeSubscriptionV2Body(s subscription) *encoder {
 	e := &encoder{}
 	e.uvarint(s.Instance)
 	e.str(s.ProcessID)
@@ -305,7 +341,7 @@ func encodeSubscription(s subscription) []byte {
 			e.varint(s.Offsets[t][p])
 		}
 	}
-	return seal(subscriptionVersion, e.b)
+	return e
 }
 
 // decodeSubscription decodes a member's JoinGroup user data: the enveloped
@@ -344,6 +380,27 @@ func decodeSubscription(b []byte) (subscription, error) {
 			m[int32(p)] = o
 		}
 		s.Offsets[t] = m
+	}
+	if v >= 3 {
+		ng := d.count("since generations")
+		for range ng {
+			g := d.int32v("since generation")
+			tm := d.topicMap("since")
+			if d.err != nil {
+				break
+			}
+			for t, ps := range tm {
+				if s.Since == nil {
+					s.Since = map[string]map[int32]int32{}
+				}
+				if s.Since[t] == nil {
+					s.Since[t] = map[int32]int32{}
+				}
+				for _, p := range ps {
+					s.Since[t][p] = g
+				}
+			}
+		}
 	}
 	if v == legacySubscriptionVersion {
 		d.end(v, legacySubscriptionVersion)

@@ -7,8 +7,13 @@ import "slices"
 // upgrade.
 
 func encodeSubscriptionV1(s subscription) []byte {
-	b := encodeSubscription(s)
-	return append([]byte{legacySubscriptionVersion}, b[len(magic)+1:len(b)-4]...)
+	return append([]byte{legacySubscriptionVersion}, encodeSubscriptionV2Body(s).b...)
+}
+
+// encodeSubscriptionV2 is the previous release's enveloped subscription (no
+// since section).
+func encodeSubscriptionV2(s subscription) []byte {
+	return seal(2, encodeSubscriptionV2Body(s).b)
 }
 
 func encodeAssignmentV2(a assignmentData) []byte {

@@ -14,6 +14,7 @@ func sampleSubscription() subscription {
 		PrevActives:  map[string][]int32{"src": {0, 3, 9}, "tbl-changelog": {0, 3, 9}},
 		PrevStandbys: map[string][]int32{"tbl-changelog": {1, 2}},
 		Offsets:      map[string]map[int32]int64{"tbl-changelog": {0: 41, 3: -1, 9: 1 << 40}},
+		Since:        map[string]map[int32]int32{"src": {0: 3, 9: 5}, "tbl-changelog": {0: 3, 9: 5}},
 	}
 }
 
@@ -157,8 +158,12 @@ func FuzzDecode(f *testing.F) {
 // no envelope) still decode: a rolling upgrade keeps the members' state.
 func TestWireLegacyVersions(t *testing.T) {
 	s := sampleSubscription()
+	s.Since = nil // v3
 	if got, err := decodeSubscription(encodeSubscriptionV1(s)); err != nil || !reflect.DeepEqual(got, s) {
 		t.Fatalf("v1 subscription: %+v %v", got, err)
+	}
+	if got, err := decodeSubscription(encodeSubscriptionV2(s)); err != nil || !reflect.DeepEqual(got, s) {
+		t.Fatalf("v2 subscription: %+v %v", got, err)
 	}
 	a := sampleAssignment()
 	v2 := encodeAssignmentV2(a)

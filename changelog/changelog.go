@@ -273,11 +273,22 @@ func (r *Restorer) run(ctx context.Context, topic string, p int32, st stores.Sto
 	// compacts the head of a partition; Kafka never does for compaction, only
 	// for retention and DeleteRecords (docs/kafka-compat.md).
 	moved := 0
+	// The topic's ID (KIP-516) against the one recorded with the checkpoint
+	// (topicid.go); unknown on brokers or protocol versions without IDs.
+	id, idOK, err := TopicID(r.Client, topic)
+	if err != nil {
+		r.logger().Debug("changelog topic ID unknown; the checkpoint is checked by offsets only", "topic", topic, "err", err)
+	}
 	for attempt := 0; ; attempt++ {
 		checkpoint, err := st.Offset(p)
 		if err != nil {
 			return res, err
 		}
+		marks, err := st.Marks(p)
+		if err != nil {
+			return res, err
+		}
+		recorded, hasRecorded := storedTopicID(marks)
 		oldest, err := r.Client.GetOffset(topic, p, sarama.OffsetOldest)
 		if err != nil {
 			return res, fmt.Errorf("log start offset: %w", err)
@@ -298,6 +309,8 @@ func (r *Restorer) run(ctx context.Context, topic string, p int32, st stores.Sto
 		// the log start, the records after the checkpoint are gone.
 		wipe := ""
 		switch {
+		case checkpoint != stores.NoOffset && idOK && hasRecorded && recorded != id:
+			wipe = fmt.Sprintf("changelog topic ID %s differs from the checkpoint's %s (topic deleted and recreated)", id, recorded)
 		case from > end:
 			wipe = "changelog checkpoint ahead of the highwater (topic recreated?)"
 		case from < oldest && moved > 0:
@@ -324,6 +337,11 @@ func (r *Restorer) run(ctx context.Context, topic string, p int32, st stores.Sto
 			}
 			res.Rebuilt = true
 			continue
+		}
+		if idOK && (!hasRecorded || recorded != id) {
+			if err := st.Apply(p, topicIDBatch(id)); err != nil {
+				return res, err
+			}
 		}
 		res.From, res.To = from, end
 		if from >= end && !follow {

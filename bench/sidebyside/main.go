@@ -250,6 +250,8 @@ func (h *harness) runWorkload(s *system, wl string, round int, profile []string)
 		return []result{h.runTakeover(s, wl, syscall.SIGTERM, round)}
 	case "kill":
 		return []result{h.runTakeover(s, wl, syscall.SIGKILL, round)}
+	case "scaleout":
+		return []result{h.runScaleOut(s, round)}
 	}
 	return nil
 }

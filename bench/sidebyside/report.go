@@ -78,6 +78,7 @@ type cell struct {
 	rate                  float64
 	records, span         int64 // medians
 	doubles               int64
+	warmup                float64 // scaleout: median seconds until the newcomer's last warm-up caught up
 	doublesMin, doublesMx int64
 }
 
@@ -95,7 +96,7 @@ func median(xs []float64) float64 {
 
 func (r *report) cell(wl, sys string) (cell, bool) {
 	var c cell
-	var secs, cpus, rates, recs, spans, dbl, firsts []float64
+	var secs, cpus, rates, recs, spans, dbl, firsts, warm []float64
 	for _, x := range r.results {
 		if x.Workload != wl || x.System != sys {
 			continue
@@ -115,6 +116,7 @@ func (r *report) cell(wl, sys string) (cell, bool) {
 		recs = append(recs, float64(x.Records))
 		spans = append(spans, float64(x.Span))
 		dbl = append(dbl, float64(x.Doubles))
+		warm = append(warm, x.WarmupS)
 		c.rss = max(c.rss, x.RSSMB)
 	}
 	if c.runs == 0 {
@@ -122,6 +124,7 @@ func (r *report) cell(wl, sys string) (cell, bool) {
 	}
 	c.seconds, c.cpu, c.rate, c.firstOut = median(secs), median(cpus), median(rates), median(firsts)
 	c.records, c.span, c.doubles = int64(median(recs)), int64(median(spans)), int64(median(dbl))
+	c.warmup = median(warm)
 	if len(dbl) > 0 {
 		c.doublesMin, c.doublesMx = int64(slices.Min(dbl)), int64(slices.Max(dbl))
 	}
@@ -162,6 +165,9 @@ func (r *report) table() string {
 				notes = fmt.Sprintf("%d changelog records read (of %d written)", c.records, c.span)
 			case "handover", "kill":
 				notes = fmt.Sprintf("counted twice: median %d (%d–%d)", c.doubles, c.doublesMin, c.doublesMx)
+				cpu, rss = "", ""
+			case "scaleout":
+				notes = fmt.Sprintf("fair share after the newcomer's start; its warm-ups caught up after %.2f s; changelog %d offsets at its start; counted twice: median %d (%d–%d)", c.warmup, c.span, c.doubles, c.doublesMin, c.doublesMx)
 				cpu, rss = "", ""
 			}
 			fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %s | %s | %s | %s | %s |\n", wl, s.name, c.runs, c.seconds, rate, ratio, cpu, rss, notes)

@@ -27,6 +27,7 @@ type result struct {
 	Records  int64   `json:"records,omitempty"`        // restore: changelog records present (after compaction)
 	Span     int64   `json:"span,omitempty"`           // restore: changelog offsets (records written)
 	Doubles  int64   `json:"doubles"`                  // handover, kill: records counted more than once
+	WarmupS  float64 `json:"warmup_s,omitempty"`       // scaleout (Runnel): from the newcomer's start to its last warm-up caught up
 }
 
 // run is one run's broker, topic names and directories.

@@ -1,6 +1,7 @@
 package meticulous
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/runnel-dev/runnel/assignor"
@@ -80,4 +81,37 @@ func TestScaleOutConverges(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestScaleOutOfOneGetsWarmups (found by bench/sidebyside -workloads
+// scaleout): a second worker joins one that runs every stateful task, with
+// one standby replica and every changelog far past the acceptable lag. The
+// newcomer must get warm-ups (whose catching up triggers the follow-up
+// rebalance), not only standbys: with no third member, the warm-ups used to
+// become the standbys and the group waited for the probing rebalance.
+func TestScaleOutOfOneGetsWarmups(t *testing.T) {
+	w := regressWorld(8, 0, 1, 1)
+	p := mustPlanT(t, w.cluster())
+	w.apply(p)
+	w.add(1)
+	end := map[string]map[int32]int64{"st-changelog": {}}
+	for q := range int32(8) {
+		end["st-changelog"][q] = 50_000
+	}
+	c := w.cluster()
+	c.EndOffsets = end
+	p = mustPlanT(t, c)
+	newcomer := w.members[1].ID
+	got := p.Members[newcomer]
+	if len(got.Warmups["st-changelog"]) != assignor.DefaultMaxWarmupReplicas || !p.NeedsProbe {
+		t.Fatalf("newcomer: warm-ups %v, standbys %v, probe %v; want %d warm-ups and a probe",
+			got.Warmups, got.Standbys, p.NeedsProbe, assignor.DefaultMaxWarmupReplicas)
+	}
+	// Every task keeps one replica besides its active: a standby, or the
+	// warm-up standing in for it.
+	for q := range int32(8) {
+		if !slices.Contains(got.Standbys["st-changelog"], q) && !slices.Contains(got.Warmups["st-changelog"], q) {
+			t.Errorf("st-changelog[%d] has no replica on the newcomer", q)
+		}
+	}
 }

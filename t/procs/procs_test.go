@@ -39,7 +39,14 @@ type child struct {
 	cmd  *exec.Cmd
 	mu   sync.Mutex
 	last line
-	done chan struct{}
+	// history holds every line the child printed, with when it arrived.
+	history []timedLine
+	done    chan struct{}
+}
+
+type timedLine struct {
+	at time.Time
+	line
 }
 
 func (c *child) latest() line {
@@ -55,6 +62,7 @@ type cluster struct {
 	brokers          []string
 	root             string
 	protocolEnvEager bool
+	static           bool // each child's name is its group.instance.id (KIP-345)
 }
 
 func (cl *cluster) start(name string) *child {
@@ -67,6 +75,9 @@ func (cl *cluster) start(name string) *child {
 	}
 	c.cmd.Env = append(os.Environ(), "RUNNEL_BROKERS="+strings.Join(cl.brokers, ","), "PROCS_APP="+cl.app,
 		"PROCS_TOPIC="+cl.topic, "PROCS_DIR="+filepath.Join(cl.root, name), "PROCS_EAGER="+eager)
+	if cl.static {
+		c.cmd.Env = append(c.cmd.Env, "PROCS_INSTANCE="+cl.app+"-"+name)
+	}
 	c.cmd.Stderr = &prefixWriter{t: t, prefix: name}
 	out, err := c.cmd.StdoutPipe()
 	if err != nil {
@@ -87,6 +98,7 @@ func (cl *cluster) start(name string) *child {
 			}
 			c.mu.Lock()
 			c.last = l
+			c.history = append(c.history, timedLine{time.Now(), l})
 			c.mu.Unlock()
 		}
 		_ = c.cmd.Wait()

@@ -2,7 +2,8 @@
 // (t/procs): one topic, one table, one counting agent. It runs one worker and
 // prints a JSON line on stdout whenever its assignment or what it runs
 // changes (including its restore counts). Environment: RUNNEL_BROKERS, PROCS_APP (app ID), PROCS_TOPIC
-// (topic name), PROCS_DIR (data dir), PROCS_EAGER=1 for the eager protocol.
+// (topic name), PROCS_DIR (data dir), PROCS_EAGER=1 for the eager protocol,
+// PROCS_INSTANCE for static membership (app.WithInstanceID).
 package main
 
 import (
@@ -57,6 +58,9 @@ func run() error {
 		app.WithGroupTimeouts(3*time.Second, 100*time.Millisecond, 5*time.Second, 100*time.Millisecond),
 		app.WithCommitInterval(200 * time.Millisecond),
 		app.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
+	}
+	if id := os.Getenv("PROCS_INSTANCE"); id != "" {
+		opts = append(opts, app.WithInstanceID(id))
 	}
 	if os.Getenv("PROCS_EAGER") == "1" {
 		opts = append(opts, app.WithRebalanceProtocol(sarama.RebalanceProtocolEager))
