@@ -108,9 +108,9 @@ type PartitionResult struct {
 // Result sums a replay over its partitions. Run returns it also with an
 // error, to say how far the replay got; only a nil error means complete.
 type Result struct {
-	Topic, Group, Effect string
-	Partitions           []PartitionResult
-	Records, OutOfRange, Gaps, Delivered, Rejected int64
+	Topic, Group, Effect                                   string
+	Partitions                                             []PartitionResult
+	Records, OutOfRange, Gaps, Delivered, Rejected         int64
 	Effects, Duplicates, EffectErrors, Skipped, Suppressed int64
 	Elapsed                                                time.Duration
 }
@@ -193,7 +193,7 @@ func (p *part) result() PartitionResult {
 
 // gate is the table.ReplayGate of one partition.
 type gate struct {
-	effect                               string
+	effect                              string
 	calls, applied, dups, errs, skipped atomic.Int64
 }
 

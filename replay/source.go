@@ -264,6 +264,17 @@ func fetchCommitted(client sarama.Client, plan *Plan) (map[int32]int64, error) {
 		}
 		out := map[int32]int64{}
 		lastErr = nil
+		gerr := resp.Err
+		if resp.Version >= 8 && len(resp.Groups) > 0 {
+			gerr = resp.Groups[0].Err
+		}
+		if gerr == sarama.ErrGroupIDNotFound {
+			return out, nil // a group that never committed
+		}
+		if gerr != sarama.ErrNoError {
+			lastErr = gerr
+			continue
+		}
 		for _, pp := range plan.Partitions {
 			blk := resp.GetBlock(plan.Topic, pp.Partition)
 			switch {
