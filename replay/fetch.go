@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -66,14 +67,18 @@ func fetchAt(ctx context.Context, client sarama.Client, topic string, p int32, o
 		return res, fmt.Errorf("fetch %s[%d]@%d: %w", topic, p, offset, blk.Err)
 	}
 	res.highwater = blk.HighWaterMarkOffset
-	// Under read_committed a batch of a producer at or after the first offset
-	// of one of its aborted transactions is aborted data, up to that
-	// producer's next control batch (the abort marker).
-	abortedFrom := map[int64]int64{}
+	// Under read_committed (KIP-98) the response lists the aborted
+	// transactions in it: per producer, the first offset of each. A
+	// transactional batch of that producer at or after such an offset starts
+	// aborted data, which runs to the producer's next control batch (the
+	// abort marker); each listed transaction is consumed once, so a later
+	// committed transaction of the same producer is read.
+	abortedFrom := map[int64][]int64{}
 	for _, at := range blk.AbortedTransactions {
-		if cur, ok := abortedFrom[at.ProducerID]; !ok || at.FirstOffset < cur {
-			abortedFrom[at.ProducerID] = at.FirstOffset
-		}
+		abortedFrom[at.ProducerID] = append(abortedFrom[at.ProducerID], at.FirstOffset)
+	}
+	for _, l := range abortedFrom {
+		slices.Sort(l)
 	}
 	aborting := map[int64]bool{}
 	for _, rs := range blk.RecordsSet {
@@ -88,10 +93,10 @@ func fetchAt(ctx context.Context, client sarama.Client, topic string, p int32, o
 		if !rb.PartialTrailingRecord {
 			res.next = max(res.next, rb.FirstOffset+int64(rb.LastOffsetDelta)+1)
 		}
-		if iso == sarama.ReadCommitted && rb.IsTransactional {
-			if first, ok := abortedFrom[rb.ProducerID]; ok && rb.FirstOffset >= first {
-				aborting[rb.ProducerID] = true
-			}
+		if l := abortedFrom[rb.ProducerID]; iso == sarama.ReadCommitted && rb.IsTransactional && len(rb.Records) > 0 && !rb.Control &&
+			len(l) > 0 && l[0] <= rb.FirstOffset+int64(rb.LastOffsetDelta) {
+			aborting[rb.ProducerID] = true
+			abortedFrom[rb.ProducerID] = l[1:]
 		}
 		if rb.Control {
 			delete(aborting, rb.ProducerID)

@@ -1,0 +1,156 @@
+package replay
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/runnel-dev/runnel/internal/testbroker"
+)
+
+// TestRunCompactedGaps: on a compacted topic whose superseded records were
+// removed, the replay reads the survivors, counts every removed offset as a
+// gap, and still reaches and commits its stop offset.
+func TestRunCompactedGaps(t *testing.T) {
+	f := newFixture(t)
+	topic := f.topic("compact", 1, map[string]string{"cleanup.policy": "compact"})
+	keys := []string{"a", "b", "b", "c", "b", "d", "c", "e", "b"} // offsets 0..8
+	for _, k := range keys {
+		f.produce(topic, 0, k, "v", time.Now())
+	}
+	if testbroker.Real() {
+		// Kafka cleans only closed segments: scripts/kafka rolls them after
+		// 1 s, on the next append.
+		time.Sleep(1500 * time.Millisecond)
+		f.produce(topic, 0, "z", "v", time.Now())
+	}
+	// Wait for the cleaner to remove superseded records, then read the
+	// survivors with a sarama consumer (independently of the code under
+	// test). The last record of each key always survives.
+	var want []int64
+	deadline := time.Now().Add(60 * time.Second)
+	for len(want) == 0 || len(want) == len(keys) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not compacted: %v", want)
+		}
+		time.Sleep(200 * time.Millisecond)
+		want = survivors(t, f, topic)
+	}
+	if want[0] != 0 || want[len(want)-1] != 8 {
+		t.Fatalf("survivors %v: expected the unique head and the last record", want)
+	}
+	plan, err := NewPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 9}}, Group: "r-" + topic, LiveGroup: "live"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := newProbe(topic, 1)
+	res, err := Run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pr.offsets(0); !slices.Equal(got, want) {
+		t.Errorf("audited %v, want %v", got, want)
+	}
+	if res.Records != int64(len(want)) || res.Gaps != 9-int64(len(want)) || res.Partitions[0].Committed != 9 {
+		t.Errorf("result %+v", res.Partitions[0])
+	}
+}
+
+// TestRunTransactionMarkers: transaction markers are gaps, including the
+// trailing one that makes the end offset one past the last data record;
+// under read_committed the records of an aborted transaction are gaps too.
+func TestRunTransactionMarkers(t *testing.T) {
+	f := newFixture(t)
+	topic := f.topic("txn", 1, nil)
+	cfg := testbroker.SaramaConfig(t)
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+	cfg.Producer.Idempotent = true
+	cfg.Producer.Transaction.ID = testbroker.Topic(t, "txid")
+	cfg.Net.MaxOpenRequests = 1
+	prod, err := sarama.NewSyncProducer(f.brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	txn := func(n int, commit bool) {
+		t.Helper()
+		if err := prod.BeginTxn(); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < n; i++ {
+			if _, _, err := prod.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 0, Value: sarama.StringEncoder("v"), Timestamp: day0}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if commit {
+			err = prod.CommitTxn()
+		} else {
+			err = prod.AbortTxn()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	txn(3, true)  // 0,1,2 data, 3 commit marker
+	txn(2, false) // 4,5 aborted, 6 abort marker
+	txn(2, true)  // 7,8 data, 9 commit marker
+	end, err := f.client.GetOffset(topic, 0, sarama.OffsetNewest)
+	if err != nil || end != 10 {
+		t.Fatalf("end %d, %v; want 10", end, err)
+	}
+	run := func(client sarama.Client, group string) (*Result, []int64) {
+		plan, err := NewPlan(client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 10}}, Group: group, LiveGroup: "live"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pr := newProbe(topic, 1)
+		res, err := Run(context.Background(), client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, pr.offsets(0)
+	}
+	res, got := run(f.client, "r-uncommitted-"+topic)
+	if !slices.Equal(got, []int64{0, 1, 2, 4, 5, 7, 8}) || res.Gaps != 3 || res.Partitions[0].Committed != 10 {
+		t.Errorf("read_uncommitted: audited %v, result %+v", got, res.Partitions[0])
+	}
+	rc := testbroker.SaramaConfig(t)
+	rc.Consumer.IsolationLevel = sarama.ReadCommitted
+	client, err := sarama.NewClient(f.brokers, rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	res, got = run(client, "r-committed-"+topic)
+	if !slices.Equal(got, []int64{0, 1, 2, 7, 8}) || res.Gaps != 5 || res.Partitions[0].Committed != 10 {
+		t.Errorf("read_committed: audited %v, result %+v", got, res.Partitions[0])
+	}
+}
+
+// survivors reads partition 0 of topic from offset 0 to its end with a sarama
+// consumer and returns the offsets it got.
+func survivors(t *testing.T, f *fixture, topic string) []int64 {
+	t.Helper()
+	c, err := sarama.NewConsumerFromClient(f.client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pc, err := c.ConsumePartition(topic, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	var out []int64
+	for m := range pc.Messages() {
+		out = append(out, m.Offset)
+		if m.Offset == 8 {
+			break
+		}
+	}
+	return out
+}
