@@ -35,20 +35,15 @@ type fetchResult struct {
 
 // fetchAt fetches partition p of topic from offset directly from its leader
 // (Fetch v4, the oldest version Kafka 4 and kfake accept and the first with
-// record batches and aborted transactions, KIP-98), with the client's
-// isolation level. Reading batches directly, rather than through a
+// record batches and aborted transactions, KIP-98), with isolation level iso. Reading batches directly, rather than through a
 // PartitionConsumer, gives the exact offset after each batch: the replay
 // knows it reached its stop offset even when the last offsets of the range
 // are transaction markers or were removed by compaction.
-func fetchAt(ctx context.Context, client sarama.Client, topic string, p int32, offset int64, maxWait time.Duration) (fetchResult, error) {
+func fetchAt(ctx context.Context, client sarama.Client, topic string, p int32, offset int64, maxWait time.Duration, iso sarama.IsolationLevel) (fetchResult, error) {
 	res := fetchResult{next: offset}
 	b, err := client.Leader(topic, p)
 	if err != nil {
 		return res, fmt.Errorf("leader of %s[%d]: %w", topic, p, err)
-	}
-	iso := sarama.ReadUncommitted
-	if client.Config().Consumer.IsolationLevel == sarama.ReadCommitted {
-		iso = sarama.ReadCommitted
 	}
 	req := &sarama.FetchRequest{Version: 4, MaxWaitTime: int32(maxWait.Milliseconds()), MinBytes: 1, MaxBytes: 16 << 20, Isolation: iso}
 	req.AddBlock(topic, p, offset, 4<<20, -1)

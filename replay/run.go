@@ -54,7 +54,15 @@ type Options struct {
 	ProgressInterval time.Duration
 	// Logger receives the replay's logs; default slog.Default().
 	Logger *slog.Logger
+	// ReadCommitted reads with isolation level read_committed (KIP-98): the
+	// records of aborted transactions are skipped (counted as gaps), and a
+	// partition waits for open transactions below its stop offset. Default:
+	// the client's Consumer.IsolationLevel.
+	ReadCommitted bool
+	iso           sarama.IsolationLevel
 }
+
+func (o *Options) isolation() sarama.IsolationLevel { return o.iso }
 
 func (o *Options) defaults() {
 	if o.IdleTimeout <= 0 {
@@ -230,6 +238,10 @@ func (g *gate) Done(_ string, applied bool, err error) {
 // Errors before reading: ErrLiveGroup, ErrGroupOutside, ErrBeyondEnd.
 func Run(ctx context.Context, client sarama.Client, plan *Plan, target Target, opts Options) (*Result, error) {
 	opts.defaults()
+	opts.iso = client.Config().Consumer.IsolationLevel
+	if opts.ReadCommitted {
+		opts.iso = sarama.ReadCommitted
+	}
 	start := time.Now()
 	if plan.Group == "" || plan.Group == plan.LiveGroup {
 		return nil, fmt.Errorf("replay %s: %w", plan.Topic, ErrLiveGroup)

@@ -49,7 +49,7 @@ func (pr *producer) read(ctx context.Context, emit func(*source.Record, any) err
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		res, err := fetchAt(ctx, pr.client, topic, part, pos, pr.opts.FetchMaxWait)
+		res, err := fetchAt(ctx, pr.client, topic, part, pos, pr.opts.FetchMaxWait, pr.opts.isolation())
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -125,7 +125,7 @@ func (pr *producer) read(ctx context.Context, emit func(*source.Record, any) err
 			// Nothing is left to read below the highwater at pos (the rest of
 			// the range was removed): under read_uncommitted the fetch would
 			// have returned it.
-			if pr.client.Config().Consumer.IsolationLevel != sarama.ReadCommitted {
+			if pr.opts.isolation() != sarama.ReadCommitted {
 				p.gaps.Add(stop - pos)
 				pos = stop
 				p.position.Store(pos)
