@@ -221,7 +221,7 @@ func newAuditApp(topic string, once *SQLOnce, delay time.Duration, db *downDB) *
 // tableHost collects table declarations.
 type tableHost struct{ defs []table.Def }
 
-func (h *tableHost) AppID() string            { return "change-audit" }
+func (h *tableHost) AppID() string             { return "change-audit" }
 func (h *tableHost) RegisterTable(d table.Def) { h.defs = append(h.defs, d) }
 
 // openAuditDB opens (creating) the SQLite audit database at path.
@@ -402,7 +402,6 @@ func commitLive(t *testing.T, f *fixture, group, topic string, offs map[int32]in
 		t.Fatal(err)
 	}
 }
-
 
 // TestMain runs the child replay of TestReplayCrashRestart when asked.
 func TestMain(m *testing.M) {
