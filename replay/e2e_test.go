@@ -316,6 +316,9 @@ func TestReplayRealDay(t *testing.T) {
 	if !errors.As(err, &inc) {
 		t.Fatalf("failing database: got %v, want an IncompleteError", err)
 	}
+	if res.Effects != 40 || res.EffectErrors == 0 {
+		t.Fatalf("failing database: %d effects, %d errors; want 40 and some", res.Effects, res.EffectErrors)
+	}
 	_, rows := auditIDs(t, db)
 	if rows != 40 {
 		t.Fatalf("%d audit rows after the failure, want 40", rows)
@@ -324,6 +327,9 @@ func TestReplayRealDay(t *testing.T) {
 	// record that failed: never past it.
 	committed := f.committed(plan.Group, topic, 8)
 	for p, off := range down.firstFail {
+		if res.Partitions[p].Done {
+			t.Errorf("partition %d reported done", p)
+		}
 		if committed[p] != off {
 			t.Errorf("partition %d committed %d, its first failed record is %d", p, committed[p], off)
 		}
