@@ -167,7 +167,9 @@ func newBenchFixture(b *testing.B) *benchFixture {
 
 func createTopic(b *testing.B, f *benchFixture, topic string, n int32) {
 	b.Helper()
-	if err := f.admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: 1}, false); err != nil {
+	infinite := "-1" // the real data's timestamps are years old: no retention
+	if err := f.admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: 1,
+		ConfigEntries: map[string]*string{"retention.ms": &infinite}}, false); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = f.admin.DeleteTopic(topic) })

@@ -35,10 +35,11 @@ type fetchResult struct {
 
 // fetchAt fetches partition p of topic from offset directly from its leader
 // (Fetch v4, the oldest version Kafka 4 and kfake accept and the first with
-// record batches and aborted transactions, KIP-98), with isolation level iso. Reading batches directly, rather than through a
-// PartitionConsumer, gives the exact offset after each batch: the replay
-// knows it reached its stop offset even when the last offsets of the range
-// are transaction markers or were removed by compaction.
+// record batches and aborted transactions, KIP-98), with isolation level
+// iso. Reading batches directly, rather than through a PartitionConsumer,
+// gives the exact offset after each batch: the replay knows it reached its
+// stop offset even when the last offsets of the range are transaction
+// markers or were removed by compaction.
 func fetchAt(ctx context.Context, client sarama.Client, topic string, p int32, offset int64, maxWait time.Duration, iso sarama.IsolationLevel) (fetchResult, error) {
 	res := fetchResult{next: offset}
 	b, err := client.Leader(topic, p)

@@ -52,11 +52,16 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{t: t, brokers: brokers, client: client, admin: admin, prod: prod}
 }
 
-// topic creates a topic with n partitions and the given configs.
+// topic creates a topic with n partitions, no retention limit and the
+// given configs.
 func (f *fixture) topic(base string, n int32, configs map[string]string) string {
 	f.t.Helper()
 	name := testbroker.Topic(f.t, base)
-	cfg := map[string]*string{}
+	// The tests produce records with timestamps in the past: keep them
+	// (Kafka's retention would delete closed segments by timestamp; scripts/kafka
+	// rolls segments every second).
+	infinite := "-1"
+	cfg := map[string]*string{"retention.ms": &infinite}
 	for k, v := range configs {
 		cfg[k] = &v
 	}
