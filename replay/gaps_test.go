@@ -76,15 +76,18 @@ func TestRunTransactionMarkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer prod.Close()
+	var last int64
 	txn := func(n int, commit bool) {
 		t.Helper()
 		if err := prod.BeginTxn(); err != nil {
 			t.Fatal(err)
 		}
 		for i := 0; i < n; i++ {
-			if _, _, err := prod.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 0, Value: sarama.StringEncoder("v"), Timestamp: day0}); err != nil {
+			_, off, err := prod.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 0, Value: sarama.StringEncoder("v"), Timestamp: day0})
+			if err != nil {
 				t.Fatal(err)
 			}
+			last = off
 		}
 		if commit {
 			err = prod.CommitTxn()
@@ -98,9 +101,17 @@ func TestRunTransactionMarkers(t *testing.T) {
 	txn(3, true)  // 3 records, a commit marker
 	txn(2, false) // 2 records, an abort marker
 	txn(2, true)  // 2 records, a commit marker
-	end, err := f.client.GetOffset(topic, 0, sarama.OffsetNewest)
-	if err != nil {
-		t.Fatal(err)
+	// Kafka answers EndTxn before the coordinator wrote the markers: wait
+	// for the final one (one past the last record).
+	var end int64
+	for deadline := time.Now().Add(30 * time.Second); end < last+2; {
+		if end, err = f.client.GetOffset(topic, 0, sarama.OffsetNewest); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("end offset %d, last record %d: the final marker never came", end, last)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	// What a reader gets, read independently with sarama consumers.
 	uncommitted := dataOffsets(t, f.brokers, sarama.ReadUncommitted, topic, end)
