@@ -103,9 +103,11 @@ func count(t *testing.T, db *sql.DB, table string) int {
 // (true) then (false); a failing effect stores neither the row nor the
 // receipt, and is applied when retried; a violation of another constraint is
 // an error, not a duplicate; a database that is gone is an error.
-func TestSQLOnce(t *testing.T) {
+func TestSQLOnce(t *testing.T) { testSQLOnce(t, openSQLite(t)) }
+
+// testSQLOnce is TestSQLOnce on any database; it closes db at the end.
+func testSQLOnce(t *testing.T, db *sql.DB) {
 	ctx := context.Background()
-	db := openSQLite(t)
 	if _, err := db.Exec(`CREATE TABLE audit (event_id TEXT NOT NULL, actor TEXT NOT NULL CHECK (actor <> ''))`); err != nil {
 		t.Fatal(err)
 	}
