@@ -70,14 +70,19 @@ func TestReplayCommand(t *testing.T) {
 	}
 
 	var mu sync.Mutex
-	audited := map[string]int{}
-	notified := 0
-	build := func() *app.App {
-		a := app.New("replay-cli-"+topicBase[len(topicBase)-8:], app.WithBrokers(brokers...))
+	audited, liveAudited := map[string]int{}, map[string]int{}
+	notified, liveNotified := 0, 0
+	appID := "replay-cli-" + topicBase[len(topicBase)-8:]
+	build := func(live bool) *app.App {
+		a := app.New(appID, app.WithBrokers(brokers...), app.WithCommitInterval(200*time.Millisecond))
 		events := app.Topic(a, topicBase, codec.String(), codec.String(), app.Partitions(4))
 		out := app.Topic(a, topicBase+"-out", codec.String(), codec.String(), app.Partitions(4))
 		counts := table.New(a, "counts", codec.String(), codec.DecimalInt64())
 		audit, notify := agent.NewEffect("audit"), agent.NewEffect("notify")
+		aud, nt := audited, &notified
+		if live {
+			aud, nt = liveAudited, &liveNotified
+		}
 		agent.New(a, "auditor", events, func(ctx context.Context, s *agent.Stream[string, string]) error {
 			for ev := range s.Events() {
 				if _, err := counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
@@ -86,10 +91,10 @@ func TestReplayCommand(t *testing.T) {
 				if err := out.Send(ev, ev.Key, ev.Value); err != nil {
 					return err
 				}
-				if _, err := notify.Apply(ev, func() (bool, error) { mu.Lock(); notified++; mu.Unlock(); return true, nil }); err != nil {
+				if _, err := notify.Apply(ev, func() (bool, error) { mu.Lock(); *nt++; mu.Unlock(); return true, nil }); err != nil {
 					return err
 				}
-				if _, err := audit.Apply(ev, func() (bool, error) { mu.Lock(); audited[ev.Value]++; mu.Unlock(); return true, nil }); err != nil {
+				if _, err := audit.Apply(ev, func() (bool, error) { mu.Lock(); aud[ev.Value]++; mu.Unlock(); return true, nil }); err != nil {
 					return err
 				}
 			}
@@ -98,7 +103,7 @@ func TestReplayCommand(t *testing.T) {
 		return a
 	}
 	run := func(args ...string) (string, error) {
-		cmd := build().Command()
+		cmd := build(false).Command()
 		var stdout bytes.Buffer
 		cmd.SetOut(&stdout)
 		cmd.SetErr(&bytes.Buffer{})
@@ -106,11 +111,47 @@ func TestReplayCommand(t *testing.T) {
 		err := cmd.ExecuteContext(context.Background())
 		return stdout.String(), err
 	}
+	counted := func(m map[string]int) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(m)
+	}
+	// The live worker processes everything and keeps running during the
+	// replay.
+	_, stopLive := goWorker(t, build(true), brokers, t.TempDir())
+	defer func() {
+		if err := stopLive(); err != nil {
+			t.Errorf("live worker: %v", err)
+		}
+	}()
+	client := newClient(t, brokers)
+	ends := highwaters(t, client, topicBase, 4)
+	liveCommitted := func() map[int32]int64 {
+		resp, err := admin.ListConsumerGroupOffsets(appID, map[string][]int32{topicBase: {0, 1, 2, 3}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[int32]int64{}
+		for p := int32(0); p < 4; p++ {
+			if b := resp.GetBlock(topicBase, p); b != nil {
+				out[p] = b.Offset
+			}
+		}
+		return out
+	}
+	for deadline := time.Now().Add(60 * time.Second); counted(liveAudited) < 60 || fmt.Sprint(liveCommitted()) != fmt.Sprint(ends); {
+		if time.Now().After(deadline) {
+			t.Fatalf("live worker: %d of 60 audited, committed %v of %v", counted(liveAudited), liveCommitted(), ends)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	liveBefore := liveCommitted()
+
 	outText, err := run("--agent", "auditor", "--effect", "audit", "--day", "2026-03-10")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, outText)
 	}
-	if len(audited) != 48 || notified != 0 {
+	if counted(audited) != 48 || notified != 0 {
 		t.Fatalf("audited %d events, notified %d; want 48 and 0\n%s", len(audited), notified, outText)
 	}
 	for id, n := range audited {
@@ -126,7 +167,7 @@ func TestReplayCommand(t *testing.T) {
 	if err != nil || len(audited) != 48 || !strings.Contains(outText, "0 records") {
 		t.Fatalf("second run: %v, audited %d\n%s", err, len(audited), outText)
 	}
-	if _, err := run("--agent", "auditor", "--effect", "audit", "--day", "2026-03-10", "--group", "replay-cli-"+topicBase[len(topicBase)-8:]); err == nil || !strings.Contains(err.Error(), "differ from the live group") {
+	if _, err := run("--agent", "auditor", "--effect", "audit", "--day", "2026-03-10", "--group", appID); err == nil || !strings.Contains(err.Error(), "differ from the live group") {
 		t.Errorf("live group: %v", err)
 	}
 	if _, err := run("--agent", "nobody", "--effect", "audit", "--day", "2026-03-10"); err == nil || !strings.Contains(err.Error(), "agents: auditor") {
@@ -138,5 +179,25 @@ func TestReplayCommand(t *testing.T) {
 	outText, err = run("--agent", "auditor", "--effect", "audit", "--offsets", "0:0-0,1:0-1", "--dry-run")
 	if err != nil || !strings.Contains(outText, "[0] [0, 0) (empty)") || !strings.Contains(outText, "[1] [0, 1)") {
 		t.Errorf("dry run: %v\n%s", err, outText)
+	}
+	// The live group did not move, the live effects ran once per record,
+	// and the live worker still processes new records.
+	if after := liveCommitted(); fmt.Sprint(after) != fmt.Sprint(liveBefore) {
+		t.Errorf("live group offsets moved: %v → %v", liveBefore, after)
+	}
+	mu.Lock()
+	if liveNotified != 60 {
+		t.Errorf("live notify ran %d times, want 60", liveNotified)
+	}
+	mu.Unlock()
+	if _, _, err := prod.SendMessage(&sarama.ProducerMessage{Topic: topicBase, Partition: 0, Key: sarama.StringEncoder("k"),
+		Value: sarama.StringEncoder("evt-new"), Timestamp: day}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); counted(liveAudited) < 61; {
+		if time.Now().After(deadline) {
+			t.Fatalf("live worker stopped processing: %d audited", counted(liveAudited))
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
