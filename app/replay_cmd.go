@@ -55,7 +55,7 @@ partition got, when the idle timeout or the deadline expires.`,
 			if effect == "" {
 				return fmt.Errorf("--effect is required: the one effect of agent %s that the replay applies", agentName)
 			}
-			spec := replay.Spec{Topic: target.Topic(), Group: group, LiveGroup: a.id}
+			spec := replay.Spec{Topic: target.Topic(), Group: group, LiveGroup: a.id, ReadCommitted: readCommitted}
 			var err error
 			switch {
 			case offsets != "":
@@ -141,7 +141,7 @@ partition got, when the idle timeout or the deadline expires.`,
 	f.StringVar(&offsets, "offsets", "", "explicit ranges P:START-STOP[,P:START-STOP...], stop exclusive")
 	f.DurationVar(&idle, "idle-timeout", 30*time.Second, "fail when a partition gets no record for this long before its stop offset")
 	f.DurationVar(&deadline, "deadline", time.Hour, "fail when the replay is not complete within this wall-clock time")
-	f.BoolVar(&readCommitted, "read-committed", false, "read with isolation level read_committed (skip aborted transactions)")
+	f.BoolVar(&readCommitted, "read-committed", false, "read with isolation level read_committed: end at the last stable offset, skip aborted transactions")
 	f.BoolVar(&dryRun, "dry-run", false, "print the plan (per partition [start, stop)) and stop")
 	f.BoolVar(&noProgress, "no-progress", false, "do not draw the progress bar (it is drawn only on a terminal)")
 	return cmd

@@ -204,3 +204,59 @@ func dataOffsets(t *testing.T, brokers []string, iso sarama.IsolationLevel, topi
 		}
 	}
 }
+
+// TestPlanReadCommittedEnd: with a transaction open, a read_committed plan
+// ends at the last stable offset (the open transaction's first record) and
+// its read_committed replay completes without waiting for the transaction;
+// a read_uncommitted plan ends at the highwater.
+func TestPlanReadCommittedEnd(t *testing.T) {
+	f := newFixture(t)
+	topic := f.topic("lso", 1, nil)
+	for i := 0; i < 3; i++ {
+		f.produce(topic, 0, "k", "v", day0) // 0, 1, 2
+	}
+	cfg := testbroker.SaramaConfig(t)
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+	cfg.Producer.Idempotent = true
+	cfg.Producer.Transaction.ID = testbroker.Topic(t, "txid")
+	cfg.Net.MaxOpenRequests = 1
+	prod, err := sarama.NewSyncProducer(f.brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	if err := prod.BeginTxn(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = prod.AbortTxn() }()
+	for i := 0; i < 2; i++ { // 3, 4: open
+		if _, _, err := prod.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 0, Value: sarama.StringEncoder("v"), Timestamp: day0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec := Spec{Topic: topic, From: day0, To: day0.Add(time.Hour), Group: "r-" + topic, LiveGroup: "live"}
+	plan, err := NewPlan(f.client, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pp := plan.Partitions[0]; pp.End != 5 || pp.Stop != 5 {
+		t.Fatalf("read_uncommitted plan %+v, want end and stop 5", pp)
+	}
+	spec.ReadCommitted = true
+	plan, err = NewPlan(f.client, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pp := plan.Partitions[0]; pp.End != 3 || pp.Stop != 3 || pp.Start != 0 {
+		t.Fatalf("read_committed plan %+v, want [0, 3), end 3", pp)
+	}
+	pr := newProbe(topic, 1)
+	res, err := Run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{ReadCommitted: true, IdleTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pr.offsets(0); !slices.Equal(got, []int64{0, 1, 2}) || res.Partitions[0].Committed != 3 {
+		t.Fatalf("audited %v, result %+v", got, res.Partitions[0])
+	}
+}

@@ -52,6 +52,11 @@ type Spec struct {
 	// Group is the replay consumer group, where the replay commits its
 	// progress; LiveGroup is the app's live group. They must differ.
 	Group, LiveGroup string
+	// ReadCommitted captures each partition's last stable offset (KIP-98)
+	// as its end instead of the highwater: what a read_committed replay
+	// (Options.ReadCommitted) can read without waiting for an open
+	// transaction to finish.
+	ReadCommitted bool
 }
 
 // PartitionPlan is the range of one partition.
@@ -162,7 +167,7 @@ func NewPlan(client sarama.Client, spec Spec) (*Plan, error) {
 	// upper bounds are fixed before the first read.
 	ends := map[int32]int64{}
 	for _, p := range want {
-		end, err := client.GetOffset(spec.Topic, p, sarama.OffsetNewest)
+		end, err := endOffset(client, spec.Topic, p, spec.ReadCommitted)
 		if err != nil {
 			return nil, fmt.Errorf("replay %s[%d]: end offset: %w", spec.Topic, p, err)
 		}
@@ -214,4 +219,49 @@ func offsetForTime(client sarama.Client, topic string, p int32, t time.Time, end
 		return end, nil
 	}
 	return off, nil
+}
+
+// endOffset is ListOffsets(latest): the highwater, or under read_committed
+// the last stable offset (sarama's GetOffset always asks read_uncommitted).
+func endOffset(client sarama.Client, topic string, p int32, readCommitted bool) (int64, error) {
+	if !readCommitted {
+		return client.GetOffset(topic, p, sarama.OffsetNewest)
+	}
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		if attempt > 0 {
+			_ = client.RefreshMetadata(topic)
+			time.Sleep(time.Duration(attempt) * 100 * time.Millisecond)
+		}
+		b, err := client.Leader(topic, p)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		req := sarama.NewOffsetRequest(client.Config().Version)
+		if req.Version < 2 {
+			return 0, fmt.Errorf("last stable offset needs ListOffsets v2 (Kafka 0.11), the client speaks v%d", req.Version)
+		}
+		req.IsolationLevel = sarama.ReadCommitted
+		req.AddBlock(topic, p, sarama.OffsetNewest, 1)
+		resp, err := b.GetAvailableOffsets(req)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		blk := resp.GetBlock(topic, p)
+		if blk == nil {
+			lastErr = errors.New("no answer for the partition")
+			continue
+		}
+		if blk.Err != sarama.ErrNoError {
+			lastErr = blk.Err
+			if retriable(blk.Err) {
+				continue
+			}
+			break
+		}
+		return blk.Offset, nil
+	}
+	return 0, fmt.Errorf("last stable offset: %w", lastErr)
 }
