@@ -46,7 +46,19 @@ func (e *Effect) Apply(ev table.Event, fn func() (applied bool, err error)) (boo
 		gate.Done(e.name, applied, err)
 	}
 	if err != nil {
-		return false, fmt.Errorf("effect %s: %w", e.name, err)
+		return false, &EffectError{Effect: e.name, Err: err}
 	}
 	return applied, nil
 }
+
+// EffectError is the error of an effect's function, as Effect.Apply returns
+// it: a replay fails on it even when the agent's error policy dead-letters
+// the record (a replay writes no dead letters, so the effect would be lost).
+type EffectError struct {
+	Effect string
+	Err    error
+}
+
+func (e *EffectError) Error() string { return fmt.Sprintf("effect %s: %v", e.Effect, e.Err) }
+
+func (e *EffectError) Unwrap() error { return e.Err }

@@ -132,7 +132,7 @@ type probe struct {
 	notifyFx *agent.Effect
 }
 
-func newProbe(topic string, partitions int32) *probe {
+func newProbe(topic string, partitions int32, opts ...agent.Option) *probe {
 	pr := &probe{applied: map[string]bool{}, order: map[int32][]int64{}}
 	h := &host{}
 	src := agent.NewTopic(h, topic, codec.String(), codec.String(), partitions)
@@ -176,7 +176,7 @@ func newProbe(topic string, partitions int32) *probe {
 			}
 		}
 		return s.Err()
-	}, agent.OnError(agent.StopWorker))
+	}, append([]agent.Option{agent.OnError(agent.StopWorker)}, opts...)...)
 	return pr
 }
 

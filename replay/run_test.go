@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/runnel-dev/runnel/agent"
 )
 
 // TestRunDay replays a day of a 3-partition topic: the audit effect sees
@@ -226,5 +228,31 @@ func TestRunIdleAndDeadline(t *testing.T) {
 	}
 	if c := f.committed(plan2.Group, topic, 1); len(c) != 0 {
 		t.Errorf("replay group committed %v", c)
+	}
+}
+
+// TestRunDeadLetterPolicyEffectFails: an agent whose error policy
+// dead-letters records still fails the replay when its effect fails (a
+// replay writes no dead letters: passing the record would lose the effect),
+// and the offset stays at the failing record.
+func TestRunDeadLetterPolicyEffectFails(t *testing.T) {
+	f := newFixture(t)
+	topic := f.topic("dlq", 1, nil)
+	for i := 0; i < 10; i++ {
+		f.produce(topic, 0, "k", "v", day0)
+	}
+	plan, err := NewPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 10}}, Group: "r-" + topic, LiveGroup: "live"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := newProbe(topic, 1, agent.OnError(agent.DeadLetter))
+	pr.failAt = "0/6"
+	res, err := Run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
+	var fe *agent.EffectError
+	if !errors.As(err, &fe) || fe.Effect != "audit" {
+		t.Fatalf("got %v, want the effect's error", err)
+	}
+	if c := f.committed(plan.Group, topic, 1)[0]; c != 6 || res.Partitions[0].Done {
+		t.Fatalf("committed %d (done %v), want 6", c, res.Partitions[0].Done)
 	}
 }

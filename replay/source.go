@@ -8,6 +8,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/agent/source"
 )
 
@@ -155,6 +156,16 @@ func (pr *producer) Advance(_ context.Context, batch []source.AdvanceItem) error
 			return err
 		}
 		if it.Outcome.Rejected > 0 {
+			// A rejection caused by the live effect's error is a failure:
+			// with no dead letter in a replay, the effect would be lost.
+			for _, c := range it.Causes {
+				var fe *agent.EffectError
+				if errors.As(c, &fe) {
+					err := fmt.Errorf("replay %s[%d]: record at %d rejected after its effect failed: %w", pr.plan.Topic, p.pp.Partition, it.Record.Offset, c)
+					pr.fail(err)
+					return err
+				}
+			}
 			p.rejected.Add(1)
 			pr.opts.Logger.Warn("replay: record rejected (no dead letter is written in a replay)",
 				"topic", pr.plan.Topic, "partition", p.pp.Partition, "offset", it.Record.Offset, "reason", errors.Join(it.Causes...))
