@@ -262,7 +262,7 @@ with --from-line.`,
 	send.Flags().StringVar(&sendKey, "key-field", "", "JSON string field used as the record key")
 	send.Flags().IntVar(&sendFrom, "from-line", 0, "produce only from this line on (1-based; the resume line of a failed send); earlier lines are still validated")
 
-	root.AddCommand(worker, dev, describe, tables, send, a.assignmentCommand())
+	root.AddCommand(worker, dev, describe, tables, send, a.assignmentCommand(), a.replayCommand())
 	root.AddCommand(a.dlqCommand()) // dlq_cmd.go
 	return root
 }

@@ -46,6 +46,23 @@ type Env struct {
 	// source partition that the broker has not answered yet; the worker waits
 	// for it before it gives the partition up.
 	InFlight *InFlight
+	// Replay is set when the events are replayed (package replay) rather
+	// than processed live: it decides which named external effect
+	// (agent.Effect) still applies. Nil in a live worker: every effect
+	// applies.
+	Replay ReplayGate
+}
+
+// ReplayGate is how a replay (package replay) tells an agent's named effects
+// (agent.Effect) whether they are live. A replay names one effect; every
+// other is skipped, so replaying history never re-sends notifications.
+type ReplayGate interface {
+	// Live reports whether the effect named effect applies in this replay.
+	Live(effect string) bool
+	// Done records one call of a live effect: applied is false when the
+	// effect found it had already been applied (a duplicate), err is the
+	// effect's error.
+	Done(effect string, applied bool, err error)
 }
 
 // InFlight counts derived records (changelog writes, sink records) sent and
