@@ -301,7 +301,9 @@ func (t *Windowed[K, V]) ChangelogConfig() map[string]string {
 }
 
 // LateRecords returns how many (record, window) updates were dropped because
-// the window had closed, summed over every worker of the process.
+// the window had closed, summed over every worker of the process. It counts
+// at least once: a record processed again (after an abandoned cycle or a
+// rebalance) is counted again.
 func (t *Windowed[K, V]) LateRecords() int64 { return t.late.Load() }
 
 // ClosedWindows returns how many windows closed (OnClose calls, or closes

