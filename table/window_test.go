@@ -319,13 +319,26 @@ func (m *weekModel) openRows() map[string]int64 {
 // model closed, with the model's final count, and for no other window.
 func checkCloses(t *testing.T, m *weekModel, got map[wkey][]int64) {
 	t.Helper()
-	bad := 0
+	// OnClose runs at least once: a window closed by a cycle that was then
+	// abandoned (under load: the member evicted) closes again when its
+	// records are processed again, with the same final value.
+	bad, again := 0, 0
 	for k, want := range m.closed {
-		if g := got[k]; len(g) != 1 || g[0] != want {
-			if bad++; bad <= 5 {
-				t.Errorf("OnClose(%s, week of %v): finals %v, want exactly [%d]", k.key, time.UnixMilli(k.start).UTC(), g, want)
-			}
+		g := got[k]
+		ok := len(g) >= 1
+		for _, v := range g {
+			ok = ok && v == want
 		}
+		if !ok {
+			if bad++; bad <= 5 {
+				t.Errorf("OnClose(%s, week of %v): finals %v, want [%d] (repeats of it allowed)", k.key, time.UnixMilli(k.start).UTC(), g, want)
+			}
+		} else if len(g) > 1 {
+			again++
+		}
+	}
+	if again > 0 {
+		t.Logf("%d windows closed again with the same value after reprocessing", again)
 	}
 	for k, g := range got {
 		if _, ok := m.closed[k]; !ok {
