@@ -1,6 +1,10 @@
 package agent
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/runnel-dev/runnel/table"
+)
 
 // ErrorPolicy is what a worker does when an agent returns an error or panics
 // on a partition. In every policy the record the agent was on (its open
@@ -47,6 +51,11 @@ type Settings struct {
 	// failed more often than the retry budget allows, are written; empty
 	// means "<app>-<agent>-dlq".
 	DeadLetterTopic string
+	// Timers run on every partition of the agent's topic (Every).
+	Timers []Timer
+	// Lookups are the tables the agent reads by the record's key (Lookup):
+	// the App checks that each is co-partitioned with the agent's topic.
+	Lookups []table.Def
 }
 
 // Option configures an agent (see New).

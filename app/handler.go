@@ -159,9 +159,9 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 			states = append(states, g.state)
 		}
 	}
-	if len(states) > 0 {
-		// The partition may write tables: its offsets are committed by the
-		// task's commit cycles (tasks.go).
+	if len(states) > 0 || hasTimers(runners) {
+		// The partition may write tables (or its timers send): its offsets
+		// are committed by the task's commit cycles (tasks.go, timers.go).
 		k := taskKey{src.Partitions, p}
 		tr, err := w.tasks.join(k, sess, states)
 		if err != nil {
@@ -173,6 +173,7 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	env := *w.env
 	env.InFlight = pt.inflight
 	pt.env = &env
+	defer pt.startTimers(ctx)() // timers.go
 	// run returns nil on a revoke (after draining and committing), the
 	// agent's error under agent.StopWorker (the worker stops); failures that
 	// restart the partition are handled inside, within the session.

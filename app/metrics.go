@@ -25,6 +25,7 @@ type metrics struct {
 	taskTransitions *prometheus.CounterVec
 	cycleRecords    prometheus.Counter
 	cycleSeconds    prometheus.Histogram
+	timerFirings    *prometheus.CounterVec // timers.go
 }
 
 func newMetrics() *metrics {
@@ -42,7 +43,9 @@ func newMetrics() *metrics {
 		Help: "Partition restarts in place after a failed record (redelivery from the last commit point)."}, []string{"topic"})
 	m.taskTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_task_transitions_total",
 		Help: "Task state transitions, by the state entered."}, []string{"to"})
-	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.taskTransitions, m.cycleRecords, m.cycleSeconds)
+	m.timerFirings = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_timer_firings_total",
+		Help: "Timer firings (agent.Every) that completed, by agent and clock."}, []string{"agent", "clock"})
+	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.taskTransitions, m.cycleRecords, m.cycleSeconds, m.timerFirings)
 	return m
 }
 
