@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -73,7 +74,10 @@ func (w *Worker) purgeRepartitions(ctx context.Context) {
 		case <-tick.C:
 		}
 		claims, _ := w.Running()
-		committed, err := w.committedOffsets()
+		committed, err := w.committedOffsets() // also builds w.admin
+		if err == nil && w.admin == nil {
+			err = fmt.Errorf("no admin client")
+		}
 		if err != nil {
 			w.log.Debug("repartition purge: committed offsets", "err", err)
 			continue
