@@ -156,6 +156,9 @@ func (s *Stream[K, V]) Events() iter.Seq[*Event[K, V]] {
 				continue
 			}
 			s.cur = d
+			if s.env != nil && s.env.StreamTime != nil {
+				s.env.StreamTime.Observe(d.Record.Timestamp)
+			}
 			if !yield(ev) {
 				return
 			}

@@ -54,6 +54,11 @@ type Settings struct {
 	// Sinks and Tables name the topics the agent sends to and the tables it
 	// writes, as declared with SendsTo and WritesTo (describe shows them).
 	Sinks, Tables []string
+	// Timers run on every partition of the agent's topic (Every).
+	Timers []Timer
+	// Lookups are the tables the agent reads by the record's key (Lookup):
+	// the App checks that each is co-partitioned with the agent's topic.
+	Lookups []table.Def
 }
 
 // Option configures an agent (see New).

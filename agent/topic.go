@@ -10,6 +10,9 @@ import (
 
 // Host is what topics and agents register with: the App.
 type Host interface {
+	// AppID names the consumer group and prefixes internal topics
+	// (repartition topics, like changelogs).
+	AppID() string
 	RegisterTopic(t TopicDef)
 	RegisterAgent(r Runner)
 }
@@ -32,6 +35,9 @@ type Topic[K any, V any] struct {
 	partitions int32
 	kc         codec.Codec[K]
 	vc         codec.Codec[V]
+	// repartitionOf is the topic a repartition topic re-keys ("" for a
+	// declared topic); its records keep their source record's timestamp.
+	repartitionOf string
 }
 
 // NewTopic declares a topic with the given partition count on h.
@@ -82,12 +88,31 @@ func (t *Topic[K, V]) Send(ev table.Event, key K, value V) error {
 	if err != nil {
 		return fmt.Errorf("send to %s: encode value: %w", t.name, err)
 	}
+	return t.sendBytes(ev, kb, vb)
+}
+
+// sendBytes is Send of an encoded key and value. A repartition topic's
+// record carries the timestamp of ev's source record (Kafka Streams does the
+// same), so that event-time windows downstream of a repartition see the
+// event's time, not the time it was re-keyed.
+func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
+	env := ev.Env()
+	if env == nil || env.Send == nil {
+		return fmt.Errorf("send to %s: %w", t.name, table.ErrNotRunning)
+	}
 	done, ok := ev.BindPersist()
 	if !ok {
 		return fmt.Errorf("send to %s: %w", t.name, table.ErrOutsideWindow)
 	}
 	p := kafka.PartitionFor(kb, t.partitions)
-	if err := env.Send(t.name, p, kb, vb, func(_ int64, err error) { done(err) }); err != nil {
+	ack := func(_ int64, err error) { done(err) }
+	var err error
+	if o, isOrig := ev.(table.Originator); isOrig && t.repartitionOf != "" && env.SendAt != nil {
+		err = env.SendAt(t.name, p, kb, vb, o.Origin().Timestamp, ack)
+	} else {
+		err = env.Send(t.name, p, kb, vb, ack)
+	}
+	if err != nil {
 		done(err)
 		return fmt.Errorf("send to %s[%d]: %w", t.name, p, err)
 	}

@@ -102,7 +102,8 @@ type Config struct {
 	// off. WithPprof, worker --pprof.
 	Pprof bool
 
-	redelivery            Redelivery // WithRedelivery (redeliver.go)
+	redelivery            Redelivery    // WithRedelivery (redeliver.go)
+	repartitionPurge      time.Duration // WithRepartitionPurge (repartition.go)
 	devTopic, devKeyField string
 	topicPrefix           string
 	eager                 bool // WithRebalanceProtocol(eager)
@@ -280,6 +281,11 @@ func (a *App) RegisterAgent(r agent.Runner) {
 			return
 		}
 	}
+	for _, tm := range r.Settings().Timers {
+		if err := tm.Validate(); err != nil {
+			a.errs = append(a.errs, fmt.Errorf("agent %s: %w", r.Name(), err))
+		}
+	}
 	a.agents = append(a.agents, r)
 }
 
@@ -325,15 +331,26 @@ func (a *App) Topology() (*topology.Graph, error) {
 	sort.Strings(names)
 	for _, n := range names {
 		t := a.topics[n]
-		g.Topics = append(g.Topics, topology.Topic{Name: n, Partitions: t.Partitions(), KeyCodec: t.KeyCodec(), ValueCodec: t.ValueCodec()})
+		tt := topology.Topic{Name: n, Partitions: t.Partitions(), KeyCodec: t.KeyCodec(), ValueCodec: t.ValueCodec()}
+		if rp, ok := t.(agent.Repartitioned); ok {
+			tt.RepartitionOf = rp.RepartitionOf()
+		}
+		g.Topics = append(g.Topics, tt)
 	}
 	for _, r := range a.agents {
-		g.Agents = append(g.Agents, topology.Agent{Name: r.Name(), Source: r.Topic(), Sinks: nonNilStrings(r.Settings().Sinks),
-			Tables: nonNilStrings(r.Settings().Tables), DeadLetterTopic: a.DeadLetterTopic(r.Name())})
+		ta := describeAgent(r)
+		ta.Sinks, ta.Tables = nonNilStrings(r.Settings().Sinks), nonNilStrings(r.Settings().Tables)
+		ta.DeadLetterTopic = a.DeadLetterTopic(r.Name())
+		g.Agents = append(g.Agents, ta)
 	}
 	for _, d := range a.tables {
-		g.Tables = append(g.Tables, topology.Table{Name: d.Name(), Changelog: d.Changelog(), Partitions: d.Partitions(),
-			KeyCodec: d.KeyCodec(), ValueCodec: d.ValueCodec()})
+		tt := topology.Table{Name: d.Name(), Changelog: d.Changelog(), Partitions: d.Partitions(),
+			KeyCodec: d.KeyCodec(), ValueCodec: d.ValueCodec()}
+		if j, ok := d.(table.JoinDef); ok {
+			kind, l, r := j.JoinOf()
+			tt.JoinKind, tt.JoinOf = kind, []string{l, r}
+		}
+		g.Tables = append(g.Tables, tt)
 	}
 	errs := append([]error(nil), a.errs...)
 	if err := g.Resolve(); err != nil {

@@ -163,10 +163,11 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 			states = append(states, g.state)
 		}
 	}
-	if len(states) > 0 || w.txn != nil {
-		// The partition may write tables (or, under ExactlyOnce, sends in
-		// the worker's transaction): its offsets are committed by the
-		// task's commit cycles (tasks.go, txn.go).
+	if len(states) > 0 || w.txn != nil || hasTimers(runners) {
+		// The partition may write tables (or its timers send, or, under
+		// ExactlyOnce, it sends in the worker's transaction): its offsets
+		// are committed by the task's commit cycles (tasks.go, timers.go,
+		// txn.go).
 		k := taskKey{src.Partitions, p}
 		tr, err := w.tasks.join(k, sess, states)
 		if err != nil {
@@ -178,6 +179,7 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	env := *w.env
 	env.InFlight = pt.inflight
 	pt.env = &env
+	defer pt.startTimers(ctx)() // timers.go
 	// run returns nil on a revoke (after draining and committing), the
 	// agent's error under agent.StopWorker (the worker stops); failures that
 	// restart the partition are handled inside, within the session.

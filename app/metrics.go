@@ -43,6 +43,7 @@ type metrics struct {
 	cycleRecords    prometheus.Counter
 	cycleSeconds    prometheus.Histogram
 	cycleSize       prometheus.Histogram
+	timerFirings    *prometheus.CounterVec // timers.go
 
 	processed    *prometheus.CounterVec // topic, agent
 	sent         *prometheus.CounterVec // topic (destination), agent
@@ -150,6 +151,8 @@ func newMetrics(w *Worker) *metrics {
 		Help: "Changelog records written by commit cycles (one per dirty key per cycle)."})
 	m.cycleSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "runnel_cycle_duration_seconds",
 		Help: "Duration of commit cycles that wrote records: cut, flush, commit, apply.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)})
+	m.timerFirings = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_timer_firings_total",
+		Help: "Timer firings (agent.Every) that completed, by agent and clock."}, []string{"agent", "clock"})
 	m.cycleSize = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "runnel_cycle_size_records",
 		Help: "Changelog records written by one commit cycle (cycles that wrote records).", Buckets: prometheus.ExponentialBuckets(1, 4, 10)})
 	m.rebalances = prometheus.NewCounter(prometheus.CounterOpts{Name: "runnel_rebalances_total",
@@ -161,7 +164,7 @@ func newMetrics(w *Worker) *metrics {
 		Help: "Consumer group generation of this member's latest assignment."})
 	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.taskTransitions, m.cycleRecords, m.cycleSeconds, m.cycleSize,
 		m.processed, m.sent, m.retried, m.deadLetters, m.ackTimeouts, m.cacheFlushes, m.restoreLeft, m.restoreRate,
-		m.rebalances, m.rebalanceDur, m.generation,
+		m.rebalances, m.rebalanceDur, m.generation, m.timerFirings,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&workerCollector{w: w})
 	m.txn = newTxnMetrics(m.reg)

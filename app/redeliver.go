@@ -277,6 +277,9 @@ func (pt *partition) run(ctx context.Context) error {
 // windowed tables rebuilt from the store.
 func (pt *partition) resetTask() error {
 	pt.task.t.Reset()
+	if pt.env.StreamTime != nil {
+		pt.env.StreamTime.Reset() // stream-time timers start over (timers.go)
+	}
 	for _, st := range pt.task.t.Tables {
 		if t := pt.w.tableByName(st.Name()); t != nil {
 			pt.w.deactivatePartition(t, pt.p)

@@ -201,7 +201,7 @@ func (w *Worker) timeouts() kafka.Timeouts {
 func (w *Worker) topicSpecs() []kafka.TopicSpec {
 	var specs []kafka.TopicSpec
 	for _, t := range w.graph.Topics {
-		specs = append(specs, kafka.TopicSpec{Name: t.Name, Partitions: t.Partitions})
+		specs = append(specs, topicSpec(t)) // repartition.go
 	}
 	for _, t := range w.graph.Tables {
 		specs = append(specs, changelog.Spec(t.Changelog, t.Partitions, w.changelogConfig(t.Name)))
@@ -384,6 +384,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	w.parts = newTableParts(w, ctx)
 	closers = append(closers, func() error { w.parts.stop(); return nil })
 	w.env = &table.Env{States: map[string]*table.State{}, Send: send}
+	w.env.SendAt = w.sendAt // repartition.go
 	for _, t := range w.tables {
 		w.env.States[t.def.Name()] = t.state
 	}
@@ -434,6 +435,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	// A warm-up that caught up asks for the follow-up rebalance at once
 	// (KIP-441), instead of waiting for the probing rebalance.
 	go w.strategy.WatchWarmups(ctx, time.Second)
+	go w.purgeRepartitions(ctx) // repartition.go
 	sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{w.strategy}
 	if w.txn != nil {
 		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{txnStrategy{w.strategy, w.txn}}

@@ -40,6 +40,14 @@ type Env struct {
 	States map[string]*State
 	// Send produces derived records (sinks).
 	Send SendFunc
+	// SendAt, when set, is Send with the record's timestamp (zero: the
+	// producer's clock); repartition topics use it to keep the source
+	// record's event time.
+	SendAt func(topic string, p int32, key, value []byte, ts time.Time, done func(offset int64, err error)) error
+	// StreamTime, when set, is advanced by the agents of one source
+	// partition to the timestamp of every record they receive: the
+	// partition's stream time, which stream-time timers follow.
+	StreamTime *StreamTime
 	// Globals maps a global table's name to this worker's replica (global.go).
 	Globals map[string]*GlobalState
 	// InFlight, when set, counts the derived records of the events of one
@@ -150,6 +158,22 @@ func Partitions(n int32) Option { return func(o *options) { o.partitions = n } }
 // once.
 type Table[K any, V any] struct {
 	declared[K, V]
+	// watchers run after every successful Set and Delete, with the same
+	// event (the joins of the table: join.go). Set at declaration.
+	watchers []func(ev Event, key K) error
+}
+
+// watch adds fn to the functions run after every write of the table.
+func (t *Table[K, V]) watch(fn func(ev Event, key K) error) { t.watchers = append(t.watchers, fn) }
+
+// written runs the watchers after a write of key.
+func (t *Table[K, V]) written(ev Event, key K) error {
+	for _, fn := range t.watchers {
+		if err := fn(ev, key); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // declared is what every kind of table is declared with: its name, changelog
@@ -266,7 +290,10 @@ func (t *Table[K, V]) Set(ev Event, key K, value V) error {
 	if err != nil {
 		return err
 	}
-	return s.write(ev, kb, vb, false)
+	if err := s.write(ev, kb, vb, false); err != nil {
+		return err
+	}
+	return t.written(ev, key)
 }
 
 // Update replaces the value of key with fn(old), where old is the zero value
@@ -300,7 +327,10 @@ func (t *Table[K, V]) Delete(ev Event, key K) error {
 	if err != nil {
 		return err
 	}
-	return s.write(ev, kb, nil, true)
+	if err := s.write(ev, kb, nil, true); err != nil {
+		return err
+	}
+	return t.written(ev, key)
 }
 
 // ErrNotRunning is returned by table operations outside a running worker.

@@ -27,6 +27,9 @@ type Topic struct {
 	Partitions int32  `json:"partitions"`
 	KeyCodec   string `json:"key_codec"`
 	ValueCodec string `json:"value_codec"`
+	// RepartitionOf names the topic an internal repartition topic re-keys
+	// ("<app>-<name>-repartition"); empty for a declared topic.
+	RepartitionOf string `json:"repartition_of,omitempty"`
 }
 
 // Agent is a declared agent: its source topic, the sink topics and tables it
@@ -37,6 +40,11 @@ type Agent struct {
 	Sinks           []string `json:"sinks"`
 	Tables          []string `json:"tables"`
 	DeadLetterTopic string   `json:"dead_letter_topic"`
+	// Lookups are the (partitioned) tables the agent reads by the record's
+	// key: each must have the source topic's partition count.
+	Lookups []string `json:"lookups,omitempty"`
+	// Timers describe the agent's timers ("every 1h0m0s stream-time").
+	Timers []string `json:"timers,omitempty"`
 }
 
 // Table is a declared table. Partitions 0 before Resolve means "as the sources".
@@ -46,6 +54,11 @@ type Table struct {
 	Partitions int32  `json:"partitions"`
 	KeyCodec   string `json:"key_codec"`
 	ValueCodec string `json:"value_codec"`
+	// JoinOf names the left and right tables of a joined table
+	// (table.Join), and JoinKind the kind of join; the three tables must be
+	// co-partitioned.
+	JoinOf   []string `json:"join_of,omitempty"`
+	JoinKind string   `json:"join_kind,omitempty"`
 }
 
 var validName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,200}$`)
@@ -74,7 +87,7 @@ func (g *Graph) Topic(name string) (Topic, bool) {
 // partition count takes that of the source topics, which must then all agree
 // (co-partitioning: a table written from partition p of a source is partition p
 // of the table). The error lists every problem found.
-func (g *Graph) Resolve() error {
+func (g *Graph) Resolve() (err error) {
 	var errs *multierror.Error
 	counts := map[int32]bool{}
 	for _, t := range g.Topics {
@@ -100,6 +113,41 @@ func (g *Graph) Resolve() error {
 			}
 		}
 	}
+	defer func() {
+		// Lookups and joins are checked once every table has its partition
+		// count.
+		for _, j := range g.Tables {
+			for _, name := range j.JoinOf {
+				t, ok := g.table(name)
+				switch {
+				case !ok:
+					errs = multierror.Append(errs, fmt.Errorf("table %s: joins table %s, which is not declared", j.Name, name))
+				case t.Partitions > 0 && j.Partitions > 0 && t.Partitions != j.Partitions:
+					errs = multierror.Append(errs, fmt.Errorf("table %s (%d partitions): joins table %s (%d partitions): the tables of a join must be co-partitioned (the same partition count)",
+						j.Name, j.Partitions, name, t.Partitions))
+				}
+			}
+		}
+		for _, a := range g.Agents {
+			src, ok := g.Topic(a.Source)
+			if !ok {
+				continue
+			}
+			for _, name := range a.Lookups {
+				t, ok := g.table(name)
+				switch {
+				case !ok:
+					errs = multierror.Append(errs, fmt.Errorf("agent %s: looks up table %s, which is not declared", a.Name, name))
+				case t.Partitions > 0 && t.Partitions != src.Partitions:
+					errs = multierror.Append(errs, fmt.Errorf("agent %s: looks up table %s (%d partitions) by the key of %s (%d partitions): "+
+						"not co-partitioned, partition p of the topic would read partition p of the table, where the key is not; "+
+						"declare both with the same partition count, re-key the stream to the table's key first (agent.Repartition), or make the table global",
+						a.Name, name, t.Partitions, a.Source, src.Partitions))
+				}
+			}
+		}
+		err = errs.ErrorOrNil()
+	}()
 	for i, t := range g.Tables {
 		if t.Partitions > 0 {
 			continue
@@ -116,6 +164,15 @@ func (g *Graph) Resolve() error {
 		}
 	}
 	return errs.ErrorOrNil()
+}
+
+func (g *Graph) table(name string) (Table, bool) {
+	for _, t := range g.Tables {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return Table{}, false
 }
 
 // Subscriptions returns the topics agents consume, sorted.
@@ -155,11 +212,22 @@ func (g *Graph) WriteText(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "app %s (consumer group %q)\n\ntopics:\n", g.App, g.App)
 	for _, t := range g.Topics {
-		fmt.Fprintf(&b, "  %-32s partitions=%-3d key=%s value=%s\n", t.Name, t.Partitions, t.KeyCodec, t.ValueCodec)
+		fmt.Fprintf(&b, "  %-32s partitions=%-3d key=%s value=%s", t.Name, t.Partitions, t.KeyCodec, t.ValueCodec)
+		if t.RepartitionOf != "" {
+			fmt.Fprintf(&b, " (internal: repartition of %s)", t.RepartitionOf)
+		}
+		b.WriteString("\n")
 	}
 	b.WriteString("\nagents:\n")
 	for _, a := range g.Agents {
-		fmt.Fprintf(&b, "  %-32s <- %s\n", a.Name, a.Source)
+		fmt.Fprintf(&b, "  %-32s <- %s", a.Name, a.Source)
+		if len(a.Lookups) > 0 {
+			fmt.Fprintf(&b, " (looks up %s)", strings.Join(a.Lookups, ", "))
+		}
+		for _, tm := range a.Timers {
+			fmt.Fprintf(&b, " (timer %s)", tm)
+		}
+		b.WriteString("\n")
 		if len(a.Sinks) > 0 {
 			fmt.Fprintf(&b, "  %-32s    sends to %s\n", "", strings.Join(a.Sinks, ", "))
 		}
@@ -172,7 +240,11 @@ func (g *Graph) WriteText(w io.Writer) error {
 	}
 	b.WriteString("\ntables:\n")
 	for _, t := range g.Tables {
-		fmt.Fprintf(&b, "  %-32s partitions=%-3d changelog=%s key=%s value=%s\n", t.Name, t.Partitions, t.Changelog, t.KeyCodec, t.ValueCodec)
+		fmt.Fprintf(&b, "  %-32s partitions=%-3d changelog=%s key=%s value=%s", t.Name, t.Partitions, t.Changelog, t.KeyCodec, t.ValueCodec)
+		if len(t.JoinOf) == 2 {
+			fmt.Fprintf(&b, " (%s join of %s and %s)", t.JoinKind, t.JoinOf[0], t.JoinOf[1])
+		}
+		b.WriteString("\n")
 	}
 	b.WriteString("\nco-partitioned groups (by partition count):\n")
 	groups := g.CoPartitionGroups()

@@ -1,0 +1,202 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/table"
+	"github.com/runnel-dev/runnel/topology"
+)
+
+// hasTimers reports whether any of runners declared a timer: its partitions
+// then run a task (commit cycles) even when they write no table, so that the
+// timers' sends are ordered with the commits.
+func hasTimers(runners []agent.Runner) bool {
+	for _, r := range runners {
+		if len(r.Settings().Timers) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// startTimers starts the timers of the partition's agents (agent.Every) and
+// returns the function that stops them and waits for a firing in progress.
+// The timers run until ctx ends (the claim is revoked or the session ends).
+// Each firing runs inside the partition's task (task.Task.Punctuate), so it
+// never straddles a commit cycle; a firing that fails abandons the task (its
+// caches may hold part of the firing's writes) and the partition restarts
+// from its committed offsets, as after a failed record.
+func (pt *partition) startTimers(ctx context.Context) (stop func()) {
+	if pt.task == nil || !hasTimers(pt.runners) {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, r := range pt.runners {
+		for _, tm := range r.Settings().Timers {
+			if tm.Clock == agent.StreamTime && pt.env.StreamTime == nil {
+				pt.env.StreamTime = table.NewStreamTime()
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				pt.runTimer(ctx, r.Name(), tm)
+			}()
+		}
+	}
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
+// runTimer fires tm on the partition until ctx ends.
+func (pt *partition) runTimer(ctx context.Context, name string, tm agent.Timer) {
+	switch tm.Clock {
+	case agent.WallClock:
+		last := tm.Boundary(time.Now())
+		for {
+			t := time.NewTimer(time.Until(last.Add(tm.Interval)))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			// Late by more than one interval: fire once, for the latest.
+			at := tm.Boundary(time.Now())
+			if !at.After(last) {
+				at = last.Add(tm.Interval) // the timer woke a hair early
+			}
+			last = at
+			pt.fire(ctx, name, tm, at)
+		}
+	case agent.StreamTime:
+		st := pt.env.StreamTime
+		var last time.Time
+		first := true
+		resets := st.Resets()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-st.Advanced():
+			}
+			if n := st.Resets(); n != resets {
+				// The partition restarted from its committed offsets: the
+				// firings since then were dropped with the caches, and its
+				// records come again; start over as at the first record.
+				resets, first = n, true
+			}
+			now, ok := st.Now()
+			if !ok {
+				continue
+			}
+			// The first record fires for the interval it falls in (Kafka
+			// Streams fires at the first record): after a restart, a
+			// firing whose effects were not committed is made again. Then
+			// every multiple the stream time passed fires, in order: a
+			// stream-time timer that emits the window which just closed
+			// must not skip one because records came fast.
+			to := tm.Boundary(now)
+			at := to
+			if first {
+				if f, ok := st.First(); ok && f.Before(now) {
+					at = tm.Boundary(f)
+				}
+				if to.Sub(at) >= maxCatchUp*tm.Interval {
+					at = to
+				}
+			} else {
+				if !to.After(last) {
+					continue
+				}
+				at = last.Add(tm.Interval)
+				if to.Sub(at) >= maxCatchUp*tm.Interval {
+					at = to // a jump (a bad timestamp?): fire once, for the latest
+				}
+			}
+			first = false
+			for ; !at.After(to); at = at.Add(tm.Interval) {
+				if !pt.fire(ctx, name, tm, at) {
+					break
+				}
+				last = at
+			}
+		}
+	}
+}
+
+// maxCatchUp bounds how many multiples of its interval a stream-time timer
+// fires for in one step when the stream time jumped: beyond it, it fires once,
+// for the latest (a record stamped a year ahead must not fire an hourly
+// timer 8 760 times).
+const maxCatchUp = 1024
+
+// fire runs one firing of tm inside the partition's task and reports whether
+// it ran. A failure (the function's error or panic, a send the broker
+// refused) abandons the task: the partition restarts from its committed
+// offsets. No firing starts once the claim ends: its final cycle may already
+// have run, and writes after it would be dropped while its sends stay.
+func (pt *partition) fire(ctx context.Context, name string, tm agent.Timer, at time.Time) bool {
+	w := pt.w
+	// The firing's sends are waited for with a budget of their own, not the
+	// claim's context: the next cycle must not commit while they are in flight.
+	fctx, cancel := context.WithTimeout(context.Background(), w.flushBudget())
+	defer cancel()
+	began := time.Now()
+	ran := false
+	err := pt.task.t.Punctuate(ctx, func() error {
+		if ctx.Err() != nil || pt.feed.isRevoked() {
+			return nil
+		}
+		ran = true
+		return tm.Fire(fctx, pt.p, pt.env, at)
+	})
+	switch {
+	case !ran:
+		// The task was abandoned (the partition restarts) or the claim
+		// ends: no firing now.
+		return false
+	case err == nil:
+		w.metrics.timerFirings.WithLabelValues(name, tm.Clock.String()).Inc()
+		w.log.Debug("timer fired", "agent", name, "topic", pt.topic, "partition", pt.p, "clock", tm.Clock.String(),
+			"at", at, "elapsed", time.Since(began))
+	default:
+		w.log.Warn("timer failed; the partition restarts from its committed offsets",
+			"agent", name, "topic", pt.topic, "partition", pt.p, "clock", tm.Clock.String(), "at", at, "err", err)
+		pt.task.abandon(&w.tasks, err)
+		return false
+	}
+	return true
+}
+
+// isRevoked reports whether the claim's channel closed.
+func (f *claimFeed) isRevoked() bool {
+	select {
+	case <-f.revoked:
+		return true
+	default:
+		return false
+	}
+}
+
+// describeAgent is r as the topology shows it: its source, the partitioned
+// tables it looks up (checked for co-partitioning; global tables need no
+// check) and its timers.
+func describeAgent(r agent.Runner) topology.Agent {
+	ta := topology.Agent{Name: r.Name(), Source: r.Topic()}
+	for _, d := range r.Settings().Lookups {
+		if !isGlobal(d) {
+			ta.Lookups = append(ta.Lookups, d.Name())
+		}
+	}
+	for _, tm := range r.Settings().Timers {
+		ta.Timers = append(ta.Timers, fmt.Sprintf("every %v %s", tm.Interval, tm.Clock))
+	}
+	return ta
+}
