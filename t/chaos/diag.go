@@ -32,10 +32,11 @@ func diagnose(ctx context.Context, w io.Writer, client sarama.Client, d table.De
 		off int64
 		s   string
 	}
-	var lines []line
+	var lines, whole []line
+	parts := map[int32]bool{} // changelog partitions of the keys
 	err := consumeAll(ctx, client, d.Changelog(), func(m *sarama.ConsumerMessage) {
 		k, v, err := d.Format(m.Key, m.Value)
-		if err != nil || !want[k] {
+		if err != nil {
 			return
 		}
 		s := fmt.Sprintf("changelog %s[%d]@%d key %s value %v", d.Name(), m.Partition, m.Offset, k, v)
@@ -52,7 +53,11 @@ func diagnose(ctx context.Context, w io.Writer, client sarama.Client, d table.De
 				}
 			}
 		}
-		lines = append(lines, line{m.Partition, m.Offset, s})
+		whole = append(whole, line{m.Partition, m.Offset, s})
+		if want[k] {
+			parts[m.Partition] = true
+			lines = append(lines, line{m.Partition, m.Offset, s})
+		}
 	})
 	if err != nil {
 		return err
@@ -78,7 +83,23 @@ func diagnose(ctx context.Context, w io.Writer, client sarama.Client, d table.De
 	for _, l := range lines {
 		fmt.Fprintln(w, l.s)
 	}
-	return nil
+	// The whole changelog partitions of the keys, and the keys of the input
+	// records of the same partitions, for an offline look at every cycle.
+	fmt.Fprintf(w, "\n== every record of the changelog partitions %v\n", parts)
+	for _, l := range whole {
+		if parts[l.p] {
+			fmt.Fprintln(w, l.s)
+		}
+	}
+	if keyOf != nil {
+		fmt.Fprintf(w, "\n== input records of partitions %v: offset and keys fed\n", parts)
+		err = consumeAll(ctx, client, inputTopic, func(m *sarama.ConsumerMessage) {
+			if parts[m.Partition] {
+				fmt.Fprintf(w, "input %s[%d]@%d keys %s\n", inputTopic, m.Partition, m.Offset, strings.Join(keyOf(m), ","))
+			}
+		})
+	}
+	return err
 }
 
 // actorOf and dirsOf are the keys an input record feeds into the per-actor

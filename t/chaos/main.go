@@ -44,7 +44,7 @@ func Short() (Plan, int, int, int) {
 func Long() (Plan, int, int, int) {
 	return Plan{Workers: 3, Kills: 30, Terms: 4, Adds: 2, Removes: 2, WipeOneIn: 6,
 		GapMin: time.Second, GapMax: 4 * time.Second, DownMin: 500 * time.Millisecond, DownMax: 4 * time.Second,
-		BrokerDownMin: 10 * time.Second, BrokerDownMax: 20 * time.Second}, 0, 7, 3000
+		BrokerDownMin: 10 * time.Second, BrokerDownMax: 20 * time.Second}, 0, 7, 3500
 }
 
 func main() { os.Exit(run()) }
