@@ -104,14 +104,21 @@ func (ws *workerSet) startLocked(name string) error {
 	return nil
 }
 
+// errNotRunning: the worker to stop is not running (it exited on its own and
+// its restart is pending, or it was stopped before).
+var errNotRunning = errors.New("not running")
+
 // stop signals worker name and waits for it to exit; a SIGTERM that does not
 // stop it within 60 s is followed by SIGKILL and reported as an error.
 func (ws *workerSet) stop(name string, sig syscall.Signal) error {
 	ws.mu.Lock()
 	p := ws.procs[name]
 	if p == nil || !p.want {
+		if p != nil {
+			delete(ws.procs, name) // cancels a pending supervisor restart
+		}
 		ws.mu.Unlock()
-		return fmt.Errorf("worker %s is not running", name)
+		return fmt.Errorf("worker %s: %w", name, errNotRunning)
 	}
 	p.want = false
 	ws.mu.Unlock()

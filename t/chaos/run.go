@@ -203,7 +203,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			if s.Kind == StepTerm {
 				sig = syscall.SIGTERM
 			}
-			if err := ws.stop(s.Worker, sig); err != nil {
+			if err := ws.stop(s.Worker, sig); errors.Is(err, errNotRunning) {
+				logf("chaos: step %d: %v (an unexpected exit, reported below)", i+1, err)
+			} else if err != nil {
 				problem("step %d (%s): %v", i+1, s, err)
 			}
 			if err := sleep(s.Down); err != nil {
@@ -222,7 +224,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				return nil, err
 			}
 		case StepRemove:
-			if err := ws.stop(s.Worker, syscall.SIGTERM); err != nil {
+			if err := ws.stop(s.Worker, syscall.SIGTERM); errors.Is(err, errNotRunning) {
+				logf("chaos: step %d: %v (an unexpected exit, reported below)", i+1, err)
+			} else if err != nil {
 				problem("step %d (%s): %v", i+1, s, err)
 			}
 		case StepBroker:
@@ -247,7 +251,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		logf("chaos: producer error: %v", e)
 	}
 	logf("chaos: input produced (%d acked, %d failed); waiting for lag 0 with workers %v", rep.Produced, rep.Failed, ws.running())
-	if err := app.WaitForLag0(ctx, client, appID, []string{inputTopic, dirTopic}, cfg.LagTimeout); err != nil {
+	if err := waitCaughtUp(ctx, client, appID, []string{inputTopic, dirTopic}, cfg.LagTimeout); err != nil {
 		rep.Crashes = ws.unexpected()
 		problem("lag did not reach 0: %v", err)
 		return rep, nil

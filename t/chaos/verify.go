@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -610,4 +611,78 @@ func checkCycles(ctx context.Context, client sarama.Client, d table.Def, inputTo
 	}
 	return fmt.Sprintf("(%d of %d changelog records disagree with their commit points: %d above, %d below; first: %s)",
 		above+below, checked, above, below, strings.Join(first, "; ")), nil
+}
+
+// waitCaughtUp waits until the group has processed every record of topics:
+// on every partition the committed offset is at the end offset, or only
+// records a read_committed reader never sees (transaction markers, aborted
+// records) lie between them; and the committed offsets did not move between
+// two such checks. app.WaitForLag0 compares with the end offset only, which
+// under exactly-once never matches: the commit marker after a partition's
+// last transaction sits above the group's committed offset.
+func waitCaughtUp(ctx context.Context, client sarama.Client, group string, topics []string, timeout time.Duration) error {
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return err
+	}
+	defer consumer.Close()
+	// invisible reports whether a read_committed reader at from sees no
+	// record below end.
+	invisible := func(topic string, p int32, from, end int64) (bool, error) {
+		pc, err := consumer.ConsumePartition(topic, p, from)
+		if err != nil {
+			return false, err
+		}
+		defer pc.AsyncClose()
+		select {
+		case m := <-pc.Messages():
+			return m.Offset >= end, nil
+		case e := <-pc.Errors():
+			return false, e
+		case <-time.After(1500 * time.Millisecond):
+			return true, nil
+		}
+	}
+	deadline := time.Now().Add(timeout)
+	var last map[string]map[int32]int64
+	var why string
+	for {
+		committed, err := committedOffsets(client, group, topics)
+		caught := err == nil
+		if err != nil {
+			why = err.Error()
+		}
+		for t, ps := range committed {
+			for p, c := range ps {
+				if !caught {
+					break
+				}
+				end, err := client.GetOffset(t, p, sarama.OffsetNewest)
+				switch {
+				case err != nil:
+					caught, why = false, err.Error()
+				case c >= end:
+				case last == nil || last[t][p] != c:
+					caught, why = false, fmt.Sprintf("%s[%d] committed %d, end %d", t, p, c, end)
+				default:
+					ok, err := invisible(t, p, c, end)
+					if err != nil || !ok {
+						caught, why = false, fmt.Sprintf("%s[%d] committed %d, end %d (%v)", t, p, c, end, err)
+					}
+				}
+			}
+		}
+		if caught && last != nil && reflect.DeepEqual(committed, last) {
+			return nil
+		}
+		last = committed
+		if time.Now().After(deadline) {
+			return fmt.Errorf("group %s not caught up after %s: %s", group, timeout, why)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
