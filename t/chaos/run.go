@@ -65,7 +65,9 @@ type Config struct {
 // the data is in the report.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	start := time.Now()
-	logf := cfg.Logf
+	logf := func(format string, args ...any) { // prefixed with the time since the start
+		cfg.Logf("%6.1fs "+format, append([]any{time.Since(start).Seconds()}, args...)...)
+	}
 	rep := &Report{Seed: cfg.Seed, Guarantee: cfg.Guarantee, Broker: "kfake"}
 	if cfg.Guarantee != AtLeastOnce && cfg.Guarantee != ExactlyOnce {
 		return nil, fmt.Errorf("guarantee %q: %s or %s", cfg.Guarantee, AtLeastOnce, ExactlyOnce)
@@ -136,6 +138,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		env = append(env, "CHAOS_COMMIT_INTERVAL="+cfg.CommitInterval.String())
 	}
 	ws := &workerSet{bin: bin, args: args, env: env, dir: cfg.Dir, logf: logf, procs: map[string]*proc{}}
+	logf("chaos: worker built; starting %d workers", cfg.Plan.Workers)
 	defer ws.close()
 	for i := 1; i <= cfg.Plan.Workers; i++ {
 		if err := ws.start(fmt.Sprintf("w%d", i)); err != nil {
@@ -265,11 +268,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Crashes = ws.unexpected()
 	vctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
+	logf("chaos: workers stopped; verifying")
 	rows, problems, err := verify(vctx, client, verifyInput{appID: appID, inputTopic: inputTopic, dirTopic: dirTopic, tables: tables,
 		produced: recs, acked: prod.ackedBy, exactlyOnce: cfg.Guarantee == ExactlyOnce, diagDir: cfg.Dir})
 	if err != nil {
 		return nil, fmt.Errorf("verify: %w", err)
 	}
+	logf("chaos: verified")
 	rep.Rows = rows
 	rep.Problems = append(rep.Problems, problems...)
 	rep.Elapsed = time.Since(start)
