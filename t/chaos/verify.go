@@ -1,0 +1,688 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/app"
+	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/stores"
+	"github.com/runnel-dev/runnel/table"
+)
+
+// Row is the verdict on one table or topic: how many of its keys are exact,
+// below exact (lost), above exact (duplicated) or wrong (a key or value that
+// no input record explains).
+type Row struct {
+	Name    string
+	FedFrom string // what it is compared with
+	// MustBeExact: a duplicate fails the run under its guarantee (a loss or
+	// a wrong key always does).
+	MustBeExact                   bool
+	Keys, Exact, Lost, Dup, Wrong int
+	Got, Want                     int64 // sum of the values (tables) or records (topics)
+	Example                       string
+	Note                          string
+	bad                           []string // up to 5 keys that are not exact, lost ones first
+}
+
+// Failed reports whether the row fails the run.
+func (r Row) Failed() bool { return r.Lost > 0 || r.Wrong > 0 || (r.MustBeExact && r.Dup > 0) }
+
+// Report is the outcome of a chaos run.
+type Report struct {
+	Seed      uint64
+	Guarantee string
+	Broker    string
+	Steps     []Step
+	Produced  int64 // records the producer had acknowledged
+	Failed    int64 // records of batches that failed after every retry
+	Rows      []Row
+	// Problems are failures that are not a row: workers that did not stop
+	// cleanly on SIGTERM, a harness step that failed.
+	Problems []string
+	// Crashes are unexpected worker exits (restarted by the harness).
+	Crashes []string
+	Elapsed time.Duration
+}
+
+// OK reports whether the run met its guarantee.
+func (r *Report) OK() bool {
+	for _, row := range r.Rows {
+		if row.Failed() {
+			return false
+		}
+	}
+	return len(r.Problems) == 0 && len(r.Rows) > 0
+}
+
+// Write prints the report.
+func (r *Report) Write(w io.Writer) {
+	fmt.Fprintf(w, "chaos: seed %d, guarantee %s, broker %s, %d steps, %d records produced (%d failed), %s\n",
+		r.Seed, r.Guarantee, r.Broker, len(r.Steps), r.Produced, r.Failed, r.Elapsed.Round(time.Second))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "table/topic\tcompared with\tkeys\texact\tlost\tdup\twrong\tgot\twant\tverdict")
+	for _, row := range r.Rows {
+		verdict := "exact"
+		switch {
+		case row.Failed():
+			verdict = "FAIL"
+		case row.Dup > 0:
+			verdict = "duplicates (allowed)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", row.Name, row.FedFrom, row.Keys, row.Exact, row.Lost, row.Dup, row.Wrong, row.Got, row.Want, verdict)
+	}
+	tw.Flush()
+	for _, row := range r.Rows {
+		if row.Example != "" || row.Note != "" {
+			fmt.Fprintf(w, "  %s: %s %s\n", row.Name, row.Example, row.Note)
+		}
+	}
+	for _, c := range r.Crashes {
+		fmt.Fprintf(w, "  unexpected exit: %s\n", c)
+	}
+	for _, p := range r.Problems {
+		fmt.Fprintf(w, "  PROBLEM: %s\n", p)
+	}
+	if r.OK() {
+		fmt.Fprintf(w, "chaos: PASS (%s)\n", r.Guarantee)
+	} else {
+		fmt.Fprintf(w, "chaos: FAIL (%s); seed %d\n", r.Guarantee, r.Seed)
+	}
+}
+
+// consumeAll reads every record of topic (all partitions, earliest to the
+// end offset taken at the start) through a consumer of client, which the
+// caller configured read_committed, and calls f for each.
+func consumeAll(ctx context.Context, client sarama.Client, topic string, f func(*sarama.ConsumerMessage)) error {
+	parts, err := client.Partitions(topic)
+	if err != nil {
+		return fmt.Errorf("partitions of %s: %w", topic, err)
+	}
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", topic, err)
+	}
+	defer consumer.Close()
+	for _, p := range parts {
+		end, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return fmt.Errorf("end offset of %s[%d]: %w", topic, p, err)
+		}
+		start, err := client.GetOffset(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			return fmt.Errorf("start offset of %s[%d]: %w", topic, p, err)
+		}
+		if start >= end {
+			continue
+		}
+		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			return fmt.Errorf("consume %s[%d]: %w", topic, p, err)
+		}
+		// Read until the end offset; transaction markers (never delivered)
+		// or aborted records at the tail end the read after 3 s idle.
+		idle := time.NewTimer(3 * time.Second)
+	read:
+		for {
+			select {
+			case m := <-pc.Messages():
+				f(m)
+				if m.Offset+1 >= end {
+					break read
+				}
+				idle.Reset(3 * time.Second)
+			case e := <-pc.Errors():
+				pc.AsyncClose()
+				return fmt.Errorf("consume %s[%d]: %w", topic, p, e)
+			case <-idle.C:
+				break read
+			case <-ctx.Done():
+				pc.AsyncClose()
+				return ctx.Err()
+			}
+		}
+		idle.Stop()
+		if err := pc.Close(); err != nil {
+			return fmt.Errorf("consume %s[%d]: %w", topic, p, err)
+		}
+	}
+	return nil
+}
+
+// committedOffsets fetches the group's committed offsets of topics; a
+// partition without a commit is 0 (the app starts from the earliest offset).
+func committedOffsets(client sarama.Client, group string, topics []string) (map[string]map[int32]int64, error) {
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		return nil, err
+	}
+	req := map[string][]int32{}
+	for _, t := range topics {
+		ps, err := client.Partitions(t)
+		if err != nil {
+			return nil, fmt.Errorf("partitions of %s: %w", t, err)
+		}
+		req[t] = ps
+	}
+	resp, err := admin.ListConsumerGroupOffsets(group, req)
+	if err != nil {
+		return nil, fmt.Errorf("offsets of group %s: %w", group, err)
+	}
+	out := map[string]map[int32]int64{}
+	for t, ps := range req {
+		out[t] = map[int32]int64{}
+		for _, p := range ps {
+			b := resp.GetBlock(t, p)
+			if b == nil {
+				return nil, fmt.Errorf("offsets of group %s: no answer for %s[%d]", group, t, p)
+			}
+			if b.Err != sarama.ErrNoError {
+				return nil, fmt.Errorf("offsets of group %s, %s[%d]: %w", group, t, p, b.Err)
+			}
+			out[t][p] = max(b.Offset, 0)
+		}
+	}
+	return out, nil
+}
+
+// readCommittedTable restores every partition of d's changelog into a memory
+// store the way a worker's restore does (changelog.Restorer), skipping
+// records whose source offsets the group has not committed: the table's
+// committed state.
+func readCommittedTable(ctx context.Context, client sarama.Client, d table.Def, committed map[string]map[int32]int64) (map[string]any, error) {
+	parts, err := client.Partitions(d.Changelog())
+	if err != nil {
+		return nil, fmt.Errorf("table %s: %w", d.Name(), err)
+	}
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return nil, err
+	}
+	defer consumer.Close()
+	r := &changelog.Restorer{Client: client, Consumer: consumer, Logger: slog.New(slog.DiscardHandler), ProgressInterval: time.Hour}
+	st := stores.NewMemory()
+	defer st.Close()
+	fn := func(topic string, p int32) (int64, bool) {
+		m, ok := committed[topic]
+		if !ok {
+			return 0, false
+		}
+		return m[p], true
+	}
+	out := map[string]any{}
+	for _, p := range parts {
+		if _, err := r.Restore(ctx, d.Changelog(), p, st, changelog.SkipUncommitted(fn)); err != nil {
+			return nil, fmt.Errorf("table %s: %w", d.Name(), err)
+		}
+		err := st.Iterate(p, func(k, v []byte) error {
+			ks, val, err := d.Format(k, v)
+			if err != nil {
+				return err
+			}
+			out[ks] = val
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("table %s[%d]: %w", d.Name(), p, err)
+		}
+	}
+	return out, nil
+}
+
+// compareCounts compares a table of int64 with the expected values.
+func compareCounts(name, fedFrom string, exact bool, got map[string]any, want map[string]int64) Row {
+	row := Row{Name: name, FedFrom: fedFrom, MustBeExact: exact}
+	var examples []string
+	var lost, other []string
+	note := func(k, s string, isLost bool) {
+		if isLost {
+			lost = append(lost, k)
+		} else {
+			other = append(other, k)
+		}
+		if len(examples) < 3 {
+			examples = append(examples, s)
+		}
+	}
+	keys := map[string]bool{}
+	for k := range got {
+		keys[k] = true
+	}
+	for k := range want {
+		keys[k] = true
+	}
+	for k := range keys {
+		row.Keys++
+		w, expected := want[k]
+		row.Want += w
+		v, isInt := got[k].(int64)
+		row.Got += v
+		switch {
+		case got[k] != nil && !isInt:
+			row.Wrong++
+			note(k, fmt.Sprintf("%s=%v (not int64)", k, got[k]), false)
+		case !expected:
+			row.Wrong++
+			note(k, fmt.Sprintf("%s=%d (no input)", k, v), false)
+		case v < w:
+			row.Lost++
+			note(k, fmt.Sprintf("%s=%d want %d", k, v, w), true)
+		case v > w:
+			row.Dup++
+			note(k, fmt.Sprintf("%s=%d want %d", k, v, w), false)
+		default:
+			row.Exact++
+		}
+	}
+	sort.Strings(examples)
+	if len(examples) > 0 {
+		row.Example = "e.g. " + strings.Join(examples, ", ")
+	}
+	sort.Strings(lost)
+	sort.Strings(other)
+	row.bad = append(lost, other...)
+	if len(row.bad) > 5 {
+		row.bad = row.bad[:5]
+	}
+	return row
+}
+
+// dirChange is a record of the intermediate topic, declared independently of
+// the example's DirChange.
+type dirChange struct {
+	Dir     string `json:"dir"`
+	EventID string `json:"event_id"`
+	Actor   string `json:"actor"`
+}
+
+// compareMultisets compares, per key, the multiset of IDs a topic holds with
+// the expected one: a key missing an ID is lost, one holding an ID more often
+// than expected is duplicated, one holding an ID no input explains is wrong.
+func compareMultisets(name, fedFrom string, exact bool, got, want map[string]map[string]int) Row {
+	row := Row{Name: name, FedFrom: fedFrom, MustBeExact: exact}
+	var examples []string
+	keys := map[string]bool{}
+	for k := range got {
+		keys[k] = true
+	}
+	for k := range want {
+		keys[k] = true
+	}
+	for k := range keys {
+		row.Keys++
+		var lost, dup, wrong bool
+		for id, n := range want[k] {
+			row.Want += int64(n)
+			if got[k][id] < n {
+				lost = true
+				if len(examples) < 3 {
+					examples = append(examples, fmt.Sprintf("%s/%s x%d want %d", k, id, got[k][id], n))
+				}
+			}
+		}
+		for id, n := range got[k] {
+			row.Got += int64(n)
+			w, ok := want[k][id]
+			switch {
+			case !ok:
+				wrong = true
+				if len(examples) < 3 {
+					examples = append(examples, fmt.Sprintf("%s/%s unexpected", k, id))
+				}
+			case n > w:
+				dup = true
+			}
+		}
+		switch {
+		case lost:
+			row.Lost++
+		case wrong:
+			row.Wrong++
+		case dup:
+			row.Dup++
+		default:
+			row.Exact++
+		}
+	}
+	sort.Strings(examples)
+	if len(examples) > 0 {
+		row.Example = "e.g. " + strings.Join(examples, ", ")
+	}
+	return row
+}
+
+// verifyInput is what verify needs to know about one run.
+type verifyInput struct {
+	appID       string
+	inputTopic  string // change-events, prefixed
+	dirTopic    string // changes-by-dir, prefixed
+	tables      map[string]table.Def
+	produced    []inputRecord
+	acked       []bool // per produced record
+	exactlyOnce bool
+	// diagDir receives diag-<table>.txt (diagnose) for every failing table.
+	diagDir string
+}
+
+// verify reads the input topic, the intermediate topic and the three tables
+// (committed state, read_committed) and compares each with values computed
+// here from the input topic's records.
+func verify(ctx context.Context, client sarama.Client, vi verifyInput) ([]Row, []string, error) {
+	var problems []string
+	// The input as the broker holds it: the expected values are computed
+	// from it, and it is compared with what the producer had acknowledged.
+	inIDs := map[string]int{}
+	perActor, linesPerActor, perDir := map[string]int64{}, map[string]int64{}, map[string]int64{}
+	wantDir := map[string]map[string]int{}
+	actorOffsets := map[int32]map[string][]int64{} // input offsets per partition and actor, ascending
+	var bad int
+	err := consumeAll(ctx, client, vi.inputTopic, func(m *sarama.ConsumerMessage) {
+		var ev event
+		if err := json.Unmarshal(m.Value, &ev); err != nil || string(m.Key) != ev.Actor {
+			bad++
+			return
+		}
+		inIDs[ev.EventID]++
+		if actorOffsets[m.Partition] == nil {
+			actorOffsets[m.Partition] = map[string][]int64{}
+		}
+		actorOffsets[m.Partition][ev.Actor] = append(actorOffsets[m.Partition][ev.Actor], m.Offset)
+		perActor[ev.Actor]++
+		linesPerActor[ev.Actor] += ev.Added + ev.Deleted
+		for _, d := range ev.Dirs {
+			perDir[d]++
+			if wantDir[d] == nil {
+				wantDir[d] = map[string]int{}
+			}
+			wantDir[d][ev.EventID+" "+ev.Actor]++
+		}
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	wantIDs := map[string]map[string]int{}
+	for i, r := range vi.produced {
+		var ev event
+		if err := json.Unmarshal(r.value, &ev); err != nil {
+			return nil, nil, fmt.Errorf("produced record %d: %w", i, err)
+		}
+		if vi.acked[i] {
+			wantIDs[ev.EventID] = map[string]int{"": 1}
+		} else if inIDs[ev.EventID] > 0 {
+			// Its batch failed but the broker wrote it: not an error.
+			wantIDs[ev.EventID] = map[string]int{"": inIDs[ev.EventID]}
+		}
+	}
+	gotIDs := map[string]map[string]int{}
+	for id, n := range inIDs {
+		gotIDs[id] = map[string]int{"": n}
+	}
+	inRow := compareMultisets(vi.inputTopic, "acknowledged records", true, gotIDs, wantIDs)
+	inRow.Note = "(keys: event IDs)"
+	if bad > 0 {
+		inRow.Wrong += bad
+		inRow.Note += fmt.Sprintf(" %d records do not decode or are keyed by another field", bad)
+	}
+	rows := []Row{inRow}
+
+	gotDir := map[string]map[string]int{}
+	dirRecords := map[string]int64{}
+	bad = 0
+	err = consumeAll(ctx, client, vi.dirTopic, func(m *sarama.ConsumerMessage) {
+		var dc dirChange
+		if err := json.Unmarshal(m.Value, &dc); err != nil || string(m.Key) != dc.Dir {
+			bad++
+			return
+		}
+		if gotDir[dc.Dir] == nil {
+			gotDir[dc.Dir] = map[string]int{}
+		}
+		gotDir[dc.Dir][dc.EventID+" "+dc.Actor]++
+		dirRecords[dc.Dir]++
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	dirRow := compareMultisets(vi.dirTopic, "input (per dir: event IDs)", vi.exactlyOnce, gotDir, wantDir)
+	if bad > 0 {
+		dirRow.Wrong += bad
+		dirRow.Note = fmt.Sprintf("%d records do not decode or are keyed by another field", bad)
+	}
+	rows = append(rows, dirRow)
+
+	committed, err := committedOffsets(client, vi.appID, []string{vi.inputTopic, vi.dirTopic})
+	if err != nil {
+		return nil, nil, err
+	}
+	read := func(name string) (map[string]any, error) {
+		d := vi.tables[name]
+		got, err := readCommittedTable(ctx, client, d, committed)
+		if err != nil {
+			return nil, err
+		}
+		// The app's own read (`tables dump`) must agree once the group is
+		// at lag 0 and stopped.
+		dump, err := app.ReadTable(ctx, client, d)
+		if err != nil {
+			return nil, fmt.Errorf("tables dump %s: %w", name, err)
+		}
+		var differ int
+		for k, v := range dump {
+			if got[k] != v {
+				differ++
+			}
+		}
+		for k := range got {
+			if _, ok := dump[k]; !ok {
+				differ++
+			}
+		}
+		if differ > 0 {
+			problems = append(problems, fmt.Sprintf("table %s: `tables dump` (latest state) differs from the committed state on %d keys", name, differ))
+		}
+		return got, nil
+	}
+	for _, tc := range []struct {
+		name, from string
+		want       map[string]int64
+		exact      bool
+	}{
+		{"commits-per-actor", "input", perActor, true},
+		{"lines-per-actor", "input", linesPerActor, true},
+		{"events-per-dir", "input", perDir, vi.exactlyOnce},
+	} {
+		got, err := read(tc.name)
+		if err != nil {
+			return nil, nil, err
+		}
+		var cycleNote string
+		if tc.name == "commits-per-actor" {
+			if cycleNote, err = checkCycles(ctx, client, vi.tables[tc.name], vi.inputTopic, actorOffsets); err != nil {
+				return nil, nil, err
+			}
+		}
+		add := func(row Row, keyOf func(*sarama.ConsumerMessage) []string, topic string) error {
+			if row.Failed() && vi.diagDir != "" && len(row.bad) > 0 {
+				path := filepath.Join(vi.diagDir, fmt.Sprintf("diag-%s-%d.txt", row.Name, len(rows)))
+				f, err := os.Create(path)
+				if err != nil {
+					return err
+				}
+				derr := diagnose(ctx, f, client, vi.tables[tc.name], row.bad, topic, keyOf, committed)
+				if err := f.Close(); derr == nil {
+					derr = err
+				}
+				if derr != nil {
+					return fmt.Errorf("diagnose %s: %w", row.Name, derr)
+				}
+				row.Note += " history of " + strings.Join(row.bad, ", ") + " in " + path
+			}
+			rows = append(rows, row)
+			return nil
+		}
+		keyOf, topic := actorOf, vi.inputTopic
+		if tc.name == "events-per-dir" {
+			keyOf = dirsOf
+		}
+		row := compareCounts(tc.name, tc.from, tc.exact, got, tc.want)
+		row.Note = cycleNote
+		if err := add(row, keyOf, topic); err != nil {
+			return nil, nil, err
+		}
+		if tc.name == "events-per-dir" {
+			// Fed straight from changes-by-dir, the table must count exactly
+			// the records that topic holds, duplicates included.
+			err := add(compareCounts(tc.name, "changes-by-dir records", true, got, dirRecords),
+				func(m *sarama.ConsumerMessage) []string { return []string{string(m.Key)} }, vi.dirTopic)
+			if err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	return rows, problems, nil
+}
+
+// checkCycles checks every changelog record of a count-per-actor table
+// against the input: a cycle whose commit point on the input partition is
+// X+1 must hold, for each key it wrote, the number of the key's input records
+// at offsets up to X (the table is fed straight from the input, one count
+// per record). A record above that count holds effects of records at or
+// after its commit point (or inherited such a value); one below it lost some.
+// Uncommitted and fenced records are checked too: the note says how many
+// records disagree and shows the first ones; it is a diagnostic, the verdict
+// is on the table's committed state.
+func checkCycles(ctx context.Context, client sarama.Client, d table.Def, inputTopic string, offsets map[int32]map[string][]int64) (string, error) {
+	var checked, above, below int
+	var first []string
+	err := consumeAll(ctx, client, d.Changelog(), func(m *sarama.ConsumerMessage) {
+		k, v, err := d.Format(m.Key, m.Value)
+		n, isInt := v.(int64)
+		if err != nil || !isInt {
+			return
+		}
+		st, ok := changelog.StampOf(m.Headers)
+		if !ok {
+			return
+		}
+		for _, src := range st.Sources {
+			if src.Topic != inputTopic {
+				continue
+			}
+			offs := offsets[src.Partition][k]
+			want := int64(sort.Search(len(offs), func(i int) bool { return offs[i] > src.Offset }))
+			checked++
+			if n == want {
+				continue
+			}
+			if n > want {
+				above++
+			} else {
+				below++
+			}
+			if len(first) < 3 {
+				before := "absent"
+				if st.HasBefore && st.Before != nil {
+					if _, bv, err := d.Format(m.Key, st.Before); err == nil {
+						before = fmt.Sprint(bv)
+					}
+				}
+				first = append(first, fmt.Sprintf("%s[%d]@%d %s=%d before %s epoch %d, but %d input records up to %s[%d]@%d",
+					d.Name(), m.Partition, m.Offset, k, n, before, st.Epoch, want, src.Topic, src.Partition, src.Offset))
+			}
+		}
+	})
+	if err != nil {
+		return "", fmt.Errorf("check cycles of %s: %w", d.Name(), err)
+	}
+	if above+below == 0 {
+		return fmt.Sprintf("(all %d changelog records agree with their commit points)", checked), nil
+	}
+	return fmt.Sprintf("(%d of %d changelog records disagree with their commit points: %d above, %d below; first: %s)",
+		above+below, checked, above, below, strings.Join(first, "; ")), nil
+}
+
+// waitCaughtUp waits until the group has processed every record of topics:
+// on every partition the committed offset is at the end offset, or only
+// records a read_committed reader never sees (transaction markers, aborted
+// records) lie between them; and the committed offsets did not move between
+// two such checks. app.WaitForLag0 compares with the end offset only, which
+// under exactly-once never matches: the commit marker after a partition's
+// last transaction sits above the group's committed offset.
+func waitCaughtUp(ctx context.Context, client sarama.Client, group string, topics []string, timeout time.Duration) error {
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return err
+	}
+	defer consumer.Close()
+	// invisible reports whether a read_committed reader at from sees no
+	// record below end.
+	invisible := func(topic string, p int32, from, end int64) (bool, error) {
+		pc, err := consumer.ConsumePartition(topic, p, from)
+		if err != nil {
+			return false, err
+		}
+		defer pc.AsyncClose()
+		select {
+		case m := <-pc.Messages():
+			return m.Offset >= end, nil
+		case e := <-pc.Errors():
+			return false, e
+		case <-time.After(1500 * time.Millisecond):
+			return true, nil
+		}
+	}
+	deadline := time.Now().Add(timeout)
+	var last map[string]map[int32]int64
+	var why string
+	for {
+		committed, err := committedOffsets(client, group, topics)
+		caught := err == nil
+		if err != nil {
+			why = err.Error()
+		}
+		for t, ps := range committed {
+			for p, c := range ps {
+				if !caught {
+					break
+				}
+				end, err := client.GetOffset(t, p, sarama.OffsetNewest)
+				switch {
+				case err != nil:
+					caught, why = false, err.Error()
+				case c >= end:
+				case last == nil || last[t][p] != c:
+					caught, why = false, fmt.Sprintf("%s[%d] committed %d, end %d", t, p, c, end)
+				default:
+					ok, err := invisible(t, p, c, end)
+					if err != nil || !ok {
+						caught, why = false, fmt.Sprintf("%s[%d] committed %d, end %d (%v)", t, p, c, end, err)
+					}
+				}
+			}
+		}
+		if caught && last != nil && reflect.DeepEqual(committed, last) {
+			return nil
+		}
+		last = committed
+		if time.Now().After(deadline) {
+			return fmt.Errorf("group %s not caught up after %s: %s", group, timeout, why)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
