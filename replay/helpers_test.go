@@ -112,6 +112,7 @@ func (f *fixture) committed(group, topic string, n int32) map[int32]int64 {
 // host is the minimal agent.Host of the tests.
 type host struct{ agents []agent.Runner }
 
+func (h *host) AppID() string                { return "replay-test" }
 func (h *host) RegisterTopic(agent.TopicDef) {}
 func (h *host) RegisterAgent(r agent.Runner) { h.agents = append(h.agents, r) }
 
