@@ -56,6 +56,10 @@ type Config struct {
 	// without a rebalance. Each worker needs its own. Env RUNNEL_INSTANCE_ID,
 	// flag --instance-id. Default: none (dynamic membership).
 	InstanceID string
+	// Guarantee is the processing guarantee: AtLeastOnce (default) or
+	// ExactlyOnce. Env RUNNEL_GUARANTEE, flag --guarantee; docs/semantics.md
+	// says what each promises and costs.
+	Guarantee Guarantee
 	// IdleCommit: a task whose sources handed out records since its last
 	// cycle, and none for this long, runs a cycle at once (the partition is
 	// caught up: waiting would batch nothing more, only delay the state and
@@ -121,6 +125,38 @@ func WithWarmups(acceptableLag int64, maxWarmups int, probing time.Duration) Opt
 	}
 }
 
+// Guarantee is a processing guarantee (docs/semantics.md).
+type Guarantee string
+
+const (
+	// AtLeastOnce: no record is lost; after a failure some records are
+	// processed again, so sink records (and tables fed from them through
+	// an intermediate topic) may hold duplicates. Tables written straight
+	// from a source stay exact (commit cycles).
+	AtLeastOnce Guarantee = "at_least_once"
+	// ExactlyOnce: every commit cycle of a worker is one Kafka transaction
+	// holding its sink records, its changelog records and its source offsets
+	// (KIP-98, with the group's generation fencing stale members, KIP-447);
+	// consumers, restores and standbys read read_committed. After a failure
+	// nothing is processed twice as far as Kafka and the tables can see.
+	ExactlyOnce Guarantee = "exactly_once"
+)
+
+// ParseGuarantee parses "at_least_once" or "exactly_once" (also with dashes);
+// the empty string is AtLeastOnce.
+func ParseGuarantee(s string) (Guarantee, error) {
+	switch strings.ReplaceAll(strings.ToLower(strings.TrimSpace(s)), "-", "_") {
+	case "", string(AtLeastOnce):
+		return AtLeastOnce, nil
+	case string(ExactlyOnce):
+		return ExactlyOnce, nil
+	}
+	return "", fmt.Errorf("guarantee %q: at_least_once or exactly_once", s)
+}
+
+// WithGuarantee sets the processing guarantee (Config.Guarantee).
+func WithGuarantee(g Guarantee) Option { return func(c *Config) { c.Guarantee = g } }
+
 // WithInstanceID enables static membership (KIP-345) with this worker's
 // group.instance.id; see Config.InstanceID.
 func WithInstanceID(id string) Option { return func(c *Config) { c.InstanceID = id } }
@@ -182,12 +218,20 @@ func New(id string, opts ...Option) *App {
 	if v := os.Getenv("RUNNEL_INSTANCE_ID"); v != "" {
 		c.InstanceID = v
 	}
+	if v := os.Getenv("RUNNEL_GUARANTEE"); v != "" {
+		c.Guarantee = Guarantee(v)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
 	a := &App{id: id, cfg: c, topics: map[string]agent.TopicDef{}}
 	if err := topology.ValidName(id); err != nil {
 		a.errs = append(a.errs, fmt.Errorf("app id: %w", err))
+	}
+	if g, err := ParseGuarantee(string(c.Guarantee)); err != nil {
+		a.errs = append(a.errs, err)
+	} else {
+		a.cfg.Guarantee = g
 	}
 	return a
 }

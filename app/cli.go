@@ -32,7 +32,7 @@ func (a *App) Main() {
 
 // Command returns the app's root cobra command, for embedding in a larger CLI.
 func (a *App) Command() *cobra.Command {
-	var brokers, dataDir, logLevel, logFormat string
+	var brokers, dataDir, logLevel, logFormat, guarantee string
 	root := &cobra.Command{
 		Use:           a.id,
 		Short:         fmt.Sprintf("Runnel app %s", a.id),
@@ -44,6 +44,13 @@ func (a *App) Command() *cobra.Command {
 			}
 			if dataDir != "" {
 				a.cfg.DataDir = dataDir
+			}
+			if guarantee != "" {
+				g, err := ParseGuarantee(guarantee)
+				if err != nil {
+					return fmt.Errorf("--guarantee: %w", err)
+				}
+				a.cfg.Guarantee = g
 			}
 			var lvl slog.Level
 			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
@@ -68,6 +75,7 @@ func (a *App) Command() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&brokers, "brokers", "", "bootstrap brokers, comma-separated (env RUNNEL_BROKERS)")
 	root.PersistentFlags().StringVar(&dataDir, "data-dir", "", "directory of the local table stores (env RUNNEL_DATA_DIR)")
+	root.PersistentFlags().StringVar(&guarantee, "guarantee", "", "at_least_once (default) or exactly_once: each commit cycle one Kafka transaction (env RUNNEL_GUARANTEE)")
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "text or json (slog)")
 

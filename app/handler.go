@@ -43,6 +43,9 @@ type restoreGate struct {
 func (h *handler) Setup(sess sarama.ConsumerGroupSession) error {
 	w := h.w
 	w.log.Info("session started", "generation", sess.GenerationID(), "member", sess.MemberID(), "claims", fmtParts(sess.Claims()))
+	if w.txn != nil {
+		w.txn.setSession(sess)
+	}
 	ctx, cancel := context.WithCancel(sess.Context())
 	h.mu.Lock()
 	h.cancel = cancel
@@ -159,9 +162,10 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 			states = append(states, g.state)
 		}
 	}
-	if len(states) > 0 {
-		// The partition may write tables: its offsets are committed by the
-		// task's commit cycles (tasks.go).
+	if len(states) > 0 || w.txn != nil {
+		// The partition may write tables (or, under ExactlyOnce, sends in
+		// the worker's transaction): its offsets are committed by the
+		// task's commit cycles (tasks.go, txn.go).
 		k := taskKey{src.Partitions, p}
 		tr, err := w.tasks.join(k, sess, states)
 		if err != nil {

@@ -25,6 +25,26 @@ type metrics struct {
 	taskTransitions *prometheus.CounterVec
 	cycleRecords    prometheus.Counter
 	cycleSeconds    prometheus.Histogram
+	txn             txnMetrics
+}
+
+// txnMetrics are the ExactlyOnce transactions' collectors (txn.go).
+type txnMetrics struct {
+	commits, aborts prometheus.Counter
+	seconds         prometheus.Histogram
+}
+
+func newTxnMetrics(reg *prometheus.Registry) txnMetrics {
+	t := txnMetrics{
+		commits: prometheus.NewCounter(prometheus.CounterOpts{Name: "runnel_transactions_committed_total",
+			Help: "ExactlyOnce: transactions committed (one per worker commit cycle)."}),
+		aborts: prometheus.NewCounter(prometheus.CounterOpts{Name: "runnel_transactions_aborted_total",
+			Help: "ExactlyOnce: transactions aborted (every partition then restarts from its committed offsets)."}),
+		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "runnel_transaction_commit_seconds",
+			Help: "ExactlyOnce: time to add the offsets to a transaction and commit it.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+	}
+	reg.MustRegister(t.commits, t.aborts, t.seconds)
+	return t
 }
 
 func newMetrics() *metrics {
@@ -43,6 +63,7 @@ func newMetrics() *metrics {
 	m.taskTransitions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_task_transitions_total",
 		Help: "Task state transitions, by the state entered."}, []string{"to"})
 	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.taskTransitions, m.cycleRecords, m.cycleSeconds)
+	m.txn = newTxnMetrics(m.reg)
 	return m
 }
 

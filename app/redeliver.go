@@ -10,6 +10,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/agent/source"
+	"github.com/runnel-dev/runnel/internal/task"
 	"github.com/runnel-dev/runnel/table"
 )
 
@@ -234,6 +235,13 @@ func (pt *partition) run(ctx context.Context) error {
 		if !again {
 			return err
 		}
+		if w.txn != nil && !pt.task.failedNow() {
+			// ExactlyOnce: the open transaction holds what this partition's
+			// records sent since the last cycle, and it is the worker's, so
+			// every partition goes back to its committed offsets (txn.go).
+			w.txn.abort(fmt.Errorf("%s failed: %w", pt.key, err))
+		}
+		shared = shared || w.txn != nil
 		from = prod.resumeOffset()
 		n := max(pt.attemptsOf(prod.failedOffset()), 1)
 		d := pt.retry.delay(n)
@@ -379,10 +387,23 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 		// commit point (by the next owner, or here after the restart).
 		switch {
 		case taskErr != nil:
+		case first != nil && w.txn != nil:
+			// The failed record's partition restarts, and with it every
+			// partition of the worker's transaction (run aborts it).
 		case first != nil:
 			// The failed record's partition restarts (run): drop the caches
 			// now, so that no cycle flushes effects of records after it.
 			pt.task.t.Abandon(fmt.Errorf("%s failed: %w", pt.key, first.err))
+		case w.txn != nil:
+			// The final cycle commits the worker's transaction, this
+			// partition's drained records with it; if it cannot, the
+			// transaction is aborted and every partition restarts.
+			if err := w.txn.cycle(fctx, true); err != nil {
+				w.log.Warn("final commit cycle did not complete; the partition's uncommitted records will be processed again", "topic", pt.topic, "partition", pt.p, "err", err)
+				if !errors.Is(err, task.ErrAbandoned) {
+					w.txn.abort(fmt.Errorf("%s stopped: %w", pt.key, err))
+				}
+			}
 		default:
 			if _, err := pt.task.t.Cycle(fctx, w.drainBudget()); err != nil {
 				w.log.Warn("final commit cycle did not complete; the partition's uncommitted records will be processed again", "topic", pt.topic, "partition", pt.p, "err", err)
@@ -671,19 +692,37 @@ func (c *claimProducer) Open(ctx context.Context, emit func(*source.Record, any)
 				}
 				return fmt.Errorf("partition consumer of %s closed", pt.key)
 			}
+			// ExactlyOnce: a record is handed out only inside an open
+			// transaction and never while a cycle runs (txnCycles).
+			release, ok := pt.w.txn.handOut(ctx, c.stop)
+			if !ok {
+				continue // stopping: the record is left to the next reader
+			}
 			c.mu.Lock()
 			for c.paused && c.rewind < 0 && !c.closed && !c.stopped() {
 				c.cond.Wait() // a cycle is being cut
 			}
 			if c.rewind >= 0 {
 				c.mu.Unlock()
+				release()
 				continue // fetched before the seek back: discarded
+			}
+			if c.stopped() {
+				// Fetching stopped (revoke, failure) while this record
+				// waited: it is left to the next reader. Handed out now,
+				// after the drain, it could reach a group that no longer
+				// delivers it and stay unresolved below the final cycle's
+				// commit point.
+				c.mu.Unlock()
+				release()
+				continue
 			}
 			c.wm.Fetched(m.Offset)
 			c.nextFetch = m.Offset + 1
 			c.handed++
 			pl := payload{offset: m.Offset, epoch: c.epoch}
 			c.mu.Unlock()
+			release()
 			rec := &source.Record{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Timestamp: m.Timestamp}
 			for _, h := range m.Headers {
 				if h != nil {
@@ -889,7 +928,7 @@ func (c *claimProducer) AwaitResolved(ctx context.Context, boundary int64) error
 		case c.rewind >= 0:
 			return fmt.Errorf("%s: a record below %d failed", c.pt.key, boundary)
 		case c.halted || c.closed:
-			return fmt.Errorf("%s: source stopped with records below %d unresolved", c.pt.key, boundary)
+			return fmt.Errorf("%s: source stopped (halted %v, closed %v) with records below %d unresolved (next %d, pending %d)", c.pt.key, c.halted, c.closed, boundary, c.wm.Next(), c.wm.Pending())
 		}
 		c.cond.Wait()
 	}
@@ -911,6 +950,40 @@ func (c *claimProducer) Committable(boundary int64) {
 	if mark {
 		c.pt.sess.MarkOffset(c.pt.topic, c.pt.p, next, "")
 	}
+}
+
+// skipControl moves an idle source's commit point past the transaction
+// markers (and aborted records) at the end of what it read: a read_committed
+// reader is never given them, so after the last data record of a
+// transactional topic the committed offset would otherwise stay one marker
+// short of the highwater, and the lag at 1, for ever (Kafka's consumer
+// commits its fetch position for the same reason). Called by a cycle while
+// no record is handed out (txnCycles holds the gate).
+func (c *claimProducer) skipControl() {
+	c.mu.Lock()
+	idle := c.wm.Pending() == 0 && c.rewind < 0 && !c.closed
+	next := c.nextFetch
+	hwm := int64(-1)
+	switch {
+	case c.pc != nil:
+		hwm = c.pc.HighWaterMarkOffset()
+	case c.usedClm:
+		hwm = c.pt.feed.claim.HighWaterMarkOffset()
+	}
+	c.mu.Unlock()
+	if !idle || hwm <= next {
+		return
+	}
+	to, err := c.pt.w.restorer.SkipControl(c.pt.topic, c.pt.p, next)
+	if err != nil || to <= next {
+		return
+	}
+	c.mu.Lock()
+	if c.nextFetch == next && c.wm.Pending() == 0 && c.rewind < 0 {
+		c.nextFetch = to
+		c.wm.Reset(to)
+	}
+	c.mu.Unlock()
 }
 
 // seekBack starts a new epoch at offset: later items of the current batch and

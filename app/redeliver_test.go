@@ -120,10 +120,15 @@ func (f *ackFixture) eventually(d time.Duration, what string, cond func() bool) 
 	}
 }
 
-// read returns every record of partition 0 of topic, oldest first.
+// read returns every record of partition 0 of topic, oldest first. Under
+// ExactlyOnce it reads as a read_committed consumer and ends at the last
+// data record (the log ends with a commit marker).
 func (f *ackFixture) read(topic string) []*sarama.ConsumerMessage {
 	f.t.Helper()
 	f.waitTopic(topic)
+	if f.app.cfg.Guarantee == ExactlyOnce {
+		return f.readCommittedRecords(topic)
+	}
 	hwm, err := f.client.GetOffset(topic, 0, sarama.OffsetNewest)
 	if err != nil {
 		f.t.Fatal(err)

@@ -146,6 +146,13 @@ func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []ta
 	ts.m[k] = tr
 	ts.w.log.Info("task state", "task", fmt.Sprintf("%d/%d", k.p, k.parts), "partition", k.p, "from", "created", "to", TaskRunning)
 	ts.w.metrics.taskTransitions.WithLabelValues(TaskRunning).Inc()
+	if ts.w.txn != nil {
+		// ExactlyOnce: the worker's transaction cycles every task at once
+		// (txn.go).
+		cancel()
+		close(tr.done)
+		return tr, nil
+	}
 	go ts.loop(ctx, k, tr)
 	return tr, nil
 }
@@ -209,11 +216,21 @@ func (ts *taskSet) leave(k taskKey) {
 			}
 		}
 		ts.set(tr, TaskClosed)
+		if ts.w.txn != nil {
+			ts.w.txn.closed(tr)
+		}
 	}
 }
 
 // wake asks the task of k for a cycle now (a table cache is full).
 func (ts *taskSet) wake(k taskKey) {
+	if x := ts.w.txn; x != nil {
+		select {
+		case x.wake <- struct{}{}:
+		default:
+		}
+		return
+	}
 	ts.mu.Lock()
 	tr := ts.m[k]
 	ts.mu.Unlock()

@@ -62,6 +62,7 @@ type Worker struct {
 
 	parts *tableParts // table partition lifecycles (restores, standby followers)
 	tasks taskSet     // commit cycles of the active partitions (tasks.go)
+	txn   *txnCycles  // ExactlyOnce: the worker's transactions (txn.go); nil otherwise
 	glob  globals     // global-table replicas (global.go)
 
 	mu         sync.Mutex
@@ -257,6 +258,22 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	pc := *sc // the producer's configuration
+	if w.cfg.Guarantee == ExactlyOnce {
+		// Every reader of the app's topics (the group consumer, restores,
+		// standbys, seeks back) sees only committed transactions.
+		sc.Consumer.IsolationLevel = sarama.ReadCommitted
+		// One transactional ID per worker, stable across restarts of its
+		// data dir: a restarted worker fences its previous incarnation and
+		// aborts the transaction it left open at once (InitProducerId).
+		pc.Producer.Transaction.ID = "runnel-" + w.app.id + "-" + w.procID
+		// A transaction the worker leaves open when it dies blocks
+		// read_committed readers of its partitions (the next owner's
+		// restore among them) until the broker aborts it: Kafka Streams
+		// uses 10 s under exactly-once too.
+		pc.Producer.Transaction.Timeout = max(10*time.Second, 4*w.cfg.CommitInterval)
+		w.txn = newTxnCycles(w)
+	}
 	var closers []func() error
 	defer func() {
 		var errs *multierror.Error
@@ -276,7 +293,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	// request in flight per connection (idempotence), a changelog or sink
 	// record would otherwise wait behind fetch long-polls of the group
 	// consumer and the standby followers, up to the fetch max wait each.
-	prodClient, err := sarama.NewClient(brokers, sc)
+	prodClient, err := sarama.NewClient(brokers, &pc)
 	if err != nil {
 		return fmt.Errorf("producer client: %w", err)
 	}
@@ -285,6 +302,20 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		return err
 	}
 	closers = append(closers, w.producer.Close)
+	if w.txn != nil {
+		w.txn.mu.Lock()
+		err := w.txn.beginLocked()
+		w.txn.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		// The cycle loop stops before the producer closes (closers run in
+		// reverse order).
+		lctx, stopLoop := context.WithCancel(ctx)
+		loopDone := make(chan struct{})
+		go func() { defer close(loopDone); w.txn.loop(lctx) }()
+		closers = append(closers, func() error { stopLoop(); <-loopDone; return nil })
+	}
 	send := func(topic string, p int32, key, value []byte, done func(int64, error)) error {
 		return w.producer.Send(&sarama.ProducerMessage{Topic: topic, Partition: p, Key: bytesOrNil(key), Value: bytesOrNil(value)},
 			func(_ int32, off int64, err error) {
@@ -401,6 +432,9 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	// (KIP-441), instead of waiting for the probing rebalance.
 	go w.strategy.WatchWarmups(ctx, time.Second)
 	sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{w.strategy}
+	if w.txn != nil {
+		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{txnStrategy{w.strategy, w.txn}}
+	}
 	if w.cfg.InstanceID != "" {
 		sc.Consumer.Group.InstanceId = w.cfg.InstanceID
 	}
@@ -527,6 +561,9 @@ func (w *Worker) onAssignment(a assignor.Assignment) {
 		}
 	}
 	w.mu.Unlock()
+	if w.txn != nil {
+		w.txn.assigned(a.Generation)
+	}
 	w.log.Info("assignment", "generation", a.Generation, "leader", a.Leader,
 		"actives", fmtParts(a.Actives), "standbys", fmtParts(a.Standbys), "warmups", fmtParts(a.Warmups), "pending", fmtParts(a.Pending))
 }

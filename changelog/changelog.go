@@ -411,12 +411,16 @@ func (r *Restorer) fetchAt(topic string, p int32, offset, end int64) ([]fetched,
 	}
 	// Under read_committed a batch of a producer at or after the first
 	// offset of one of its aborted transactions is aborted data, up to that
-	// producer's next control batch (the abort marker).
-	abortedFrom := map[int64]int64{}
+	// producer's next control batch (the abort marker). Each aborted
+	// transaction is used up by the batch that reaches it: the producer's
+	// later transactions may have committed (the Java consumer keeps the
+	// same queue, ordered by first offset).
+	abortedFrom := map[int64][]int64{}
 	for _, at := range blk.AbortedTransactions {
-		if cur, ok := abortedFrom[at.ProducerID]; !ok || at.FirstOffset < cur {
-			abortedFrom[at.ProducerID] = at.FirstOffset
-		}
+		abortedFrom[at.ProducerID] = append(abortedFrom[at.ProducerID], at.FirstOffset)
+	}
+	for _, firsts := range abortedFrom {
+		slices.Sort(firsts)
 	}
 	aborting := map[int64]bool{}
 	var out []fetched
@@ -432,8 +436,12 @@ func (r *Restorer) fetchAt(topic string, p int32, offset, end int64) ([]fetched,
 			next = max(next, rb.LastOffset()+1)
 		}
 		if iso == sarama.ReadCommitted && rb.IsTransactional {
-			if first, ok := abortedFrom[rb.ProducerID]; ok && rb.FirstOffset >= first {
+			if firsts := abortedFrom[rb.ProducerID]; len(firsts) > 0 && rb.FirstOffset >= firsts[0] {
 				aborting[rb.ProducerID] = true
+				for len(firsts) > 0 && firsts[0] <= rb.FirstOffset {
+					firsts = firsts[1:]
+				}
+				abortedFrom[rb.ProducerID] = firsts
 			}
 		}
 		if rb.Control {
@@ -452,6 +460,28 @@ func (r *Restorer) fetchAt(topic string, p int32, offset, end int64) ([]fetched,
 		limit = blk.LastStableOffset
 	}
 	return out, next, batches == 0 && limit >= end, nil
+}
+
+// SkipControl returns the offset a reader at from may commit without missing
+// a data record: from when a data record (or nothing readable yet) is there;
+// otherwise past the transaction markers and, under read_committed, the
+// aborted records that start at from, up to the next data record or the end
+// of what one fetch returned. A consumer is never given those records, so a
+// source that processed everything before them would otherwise commit an
+// offset one marker short of the highwater for ever. One fetch; the reader's
+// isolation level is the client's.
+func (r *Restorer) SkipControl(topic string, p int32, from int64) (int64, error) {
+	recs, next, _, err := r.fetchAt(topic, p, from, from+1)
+	if err != nil {
+		return from, fmt.Errorf("skip control records of %s[%d] at %d: %w", topic, p, from, err)
+	}
+	to := max(from, next)
+	for _, rec := range recs {
+		if rec.offset >= from && rec.offset < to {
+			to = rec.offset
+		}
+	}
+	return to, nil
 }
 
 // onlyControlBelow reports whether [from, end) holds no data record a reader
@@ -676,6 +706,16 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 			if follow {
 				if len(pending) > 0 {
 					release()
+				}
+				if len(pending) == 0 && pc.HighWaterMarkOffset() > pos {
+					// Caught up but short of the highwater: a transactional
+					// writer's commit marker (never given to a reader) may
+					// end the log. The checkpoint moves past it, so the
+					// follower's lag reads 0.
+					if to, err := r.SkipControl(topic, p, pos); err == nil && to > pos {
+						pos = to
+						b.Offset = to - 1
+					}
 				}
 				if err := flush(); err != nil {
 					return n, skipped, err

@@ -99,3 +99,71 @@ func TestRestoreEndsWhenOnlyAbortedRecordsRemain(t *testing.T) {
 		t.Fatalf("checkpoint %d, want at least 9 (the last committed record)", off)
 	}
 }
+
+// One transactional producer commits, aborts, then commits again. A reader at
+// the aborted transaction skips its records and the abort marker and stops
+// at the first record of the next, committed transaction: an aborted
+// transaction of a producer does not make that producer's later batches
+// aborted too (the restore's idle probe would otherwise end a restore
+// before records it must apply, and a source would commit past them).
+func TestSkipControlStopsAtCommittedDataAfterAbort(t *testing.T) {
+	e := newEnv(t)
+	topic := e.topic("cl", map[string]string{"cleanup.policy": "delete"})
+	cfg := testbroker.SaramaConfig(t)
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	cfg.Producer.Idempotent = true
+	cfg.Producer.Transaction.ID = testbroker.Topic(t, "txn")
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+	cfg.Net.MaxOpenRequests = 1
+	prod, err := sarama.NewSyncProducer(e.brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	txn := func(commit bool, recs ...rec) {
+		t.Helper()
+		if err := prod.BeginTxn(); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			if _, _, err := prod.SendMessage(r.message(topic)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		end := prod.CommitTxn
+		if !commit {
+			end = prod.AbortTxn
+		}
+		if err := end(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	txn(true, rec{key: "a", value: "1"})                                   // offsets 0, marker 1
+	txn(false, rec{key: "b", value: "aborted"}, rec{key: "b", value: "x"}) // 2, 3, marker 4
+	txn(true, rec{key: "c", value: "3"})                                   // 5, marker 6
+	_, end := e.offsets(topic)
+	for deadline := time.Now().Add(10 * time.Second); end != 7 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		_, end = e.offsets(topic)
+	}
+	if end != 7 {
+		t.Fatalf("highwater %d, want 7", end)
+	}
+	r := readCommittedRestorer(e)
+	for _, c := range []struct{ from, want int64 }{{0, 0}, {1, 5}, {2, 5}, {5, 5}, {6, 7}} {
+		got, err := r.SkipControl(topic, 0, c.from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want {
+			t.Errorf("SkipControl from %d = %d, want %d", c.from, got, c.want)
+		}
+	}
+	st := stores.NewMemory()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := r.Restore(ctx, topic, 0, st); err != nil {
+		t.Fatal(err)
+	}
+	wantMap(t, dump(t, st), map[string]string{"a": "1", "c": "3"})
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/changelog"
 	"github.com/runnel-dev/runnel/internal/embedded"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -42,6 +43,9 @@ func openBroker(bootstrap string) (*broker, error) {
 	cfg := sarama.NewConfig()
 	cfg.Version = sarama.V3_0_0_0
 	cfg.ClientID = "sidebyside"
+	// Outputs and changelogs are read as a downstream consumer would:
+	// records of aborted transactions (exactly-once systems) do not count.
+	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
 	var err error
 	if b.sc, err = sarama.NewClient(b.addrs, cfg); err != nil {
 		b.Close()
@@ -99,7 +103,7 @@ func (b *broker) countRecords(topic string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.addrs...), kgo.ConsumeTopics(topic),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.addrs...), kgo.ConsumeTopics(topic), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
 	if err != nil {
 		return 0, fmt.Errorf("count %s: %w", topic, err)
@@ -113,7 +117,25 @@ func (b *broker) countRecords(topic string) (int64, error) {
 	}
 	var n int64
 	quiet := time.Now()
+	next := map[int32]int64{} // offset after the last record read
+	for p, end := range ends {
+		next[p] = end[0]
+	}
+	// A transactional writer's log ends with a commit marker no reader is
+	// given: a partition is done when only control records (or aborted
+	// ones) are left below its end.
+	rs := &changelog.Restorer{Client: b.sc}
 	for len(left) > 0 {
+		if time.Since(quiet) > time.Second {
+			for p := range left {
+				if to, err := rs.SkipControl(topic, p, next[p]); err == nil && to >= ends[p][1] {
+					delete(left, p)
+				}
+			}
+			if len(left) == 0 {
+				break
+			}
+		}
 		if time.Since(quiet) > 5*time.Second {
 			return n, fmt.Errorf("count %s: no records for 5 s with %d partitions short of their end", topic, len(left))
 		}
@@ -123,6 +145,7 @@ func (b *broker) countRecords(topic string) (int64, error) {
 		fs.EachRecord(func(r *kgo.Record) {
 			n++
 			quiet = time.Now()
+			next[r.Partition] = r.Offset + 1
 			if r.Offset >= ends[r.Partition][1]-1 {
 				delete(left, r.Partition)
 			}

@@ -98,6 +98,12 @@ func systems() []*system {
 		{name: "quix", peer: "quix", bin: "quix-peer", workloads: stateful,
 			changelog: func(id string) string { return "changelog__" + id + "--" + id[:len(id)-len("app")] + "in--default" },
 			decode:    decimal, key: quixKey, lang: "python"},
+		// Exactly-once: Runnel's transactional commit cycles and Kafka
+		// Streams' exactly_once_v2, at the same commit interval as the rest.
+		{name: "runnel-eos", peer: "runnel", bin: "runnel-peer", env: []string{"RUNNEL_GUARANTEE=exactly_once"}, workloads: stateful,
+			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go"},
+		{name: "kstreams-2t-eos", peer: "kstreams", bin: "kstreams-peer", env: []string{"BENCH_THREADS=2", "BENCH_GUARANTEE=exactly_once_v2"}, workloads: stateful,
+			changelog: suffixed("-counts-changelog"), decode: bigEndian64, lang: "java"},
 		// Kafka Streams' own default commit interval (30 s under at-least-once):
 		// its record cache then holds the counts until the commit.
 		{name: "kstreams-2t-c30s", peer: "kstreams", bin: "kstreams-peer", env: []string{"BENCH_THREADS=2", "BENCH_COMMIT_MS=30000"},

@@ -123,3 +123,66 @@ func (p *Producer) Close() error {
 	<-p.done
 	return nil
 }
+
+// Transactional reports whether the producer's client has a transactional ID
+// (Producer.Transaction.ID): its records are then written in transactions
+// (Begin, Commit, Abort) and a record sent outside one fails with
+// sarama.ErrTransactionNotReady.
+func (p *Producer) Transactional() bool { return p.ap.IsTransactional() }
+
+// Begin opens a transaction. Errors: the producer is not transactional, a
+// transaction is already open, or the producer is in a fatal error state
+// (fenced by a newer producer with the same transactional ID).
+func (p *Producer) Begin() error {
+	if err := p.ap.BeginTxn(); err != nil {
+		return fmt.Errorf("begin transaction: %w", err)
+	}
+	return nil
+}
+
+// Commit adds offsets (topic → partition → offset of the next record to
+// read) to the open transaction as the consumer group's commit, fenced by the
+// group's generation and member (KIP-447: a member that is no longer in that
+// generation cannot commit), and commits the transaction: Sarama first flushes
+// every record sent in it. The error of a fenced or failed commit wraps the
+// broker's error (sarama.ErrIllegalGeneration, ErrUnknownMemberId,
+// ErrFencedInstancedId, ErrProducerFenced, ...); the transaction must then
+// be aborted (Abort), unless Fatal reports that the producer cannot go on.
+func (p *Producer) Commit(offsets map[string]map[int32]int64, group *sarama.ConsumerGroupMetadata) error {
+	if len(offsets) > 0 {
+		om := make(map[string][]*sarama.PartitionOffsetMetadata, len(offsets))
+		for topic, parts := range offsets {
+			for part, off := range parts {
+				om[topic] = append(om[topic], &sarama.PartitionOffsetMetadata{Partition: part, Offset: off})
+			}
+		}
+		if err := p.ap.AddOffsetsToTxnWithGroupMetadata(om, group); err != nil {
+			return fmt.Errorf("add offsets to transaction: %w", err)
+		}
+	}
+	if err := p.ap.CommitTxn(); err != nil {
+		return fmt.Errorf("commit transaction: %w", err)
+	}
+	return nil
+}
+
+// Abort aborts the open transaction: read_committed consumers never see its
+// records, and its offsets are not committed.
+func (p *Producer) Abort() error {
+	if err := p.ap.AbortTxn(); err != nil {
+		return fmt.Errorf("abort transaction: %w", err)
+	}
+	return nil
+}
+
+// Fatal reports whether the producer is in a fatal transactional state (for
+// example fenced by another producer with its transactional ID): it can
+// neither commit nor abort and must be closed.
+func (p *Producer) Fatal() bool {
+	return p.ap.TxnStatus()&sarama.ProducerTxnFlagFatalError != 0
+}
+
+// InTransaction reports whether a transaction is open.
+func (p *Producer) InTransaction() bool {
+	return p.ap.TxnStatus()&sarama.ProducerTxnFlagInTransaction != 0
+}

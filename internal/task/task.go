@@ -184,6 +184,13 @@ func (t *Task) Handed() int64 {
 	return n
 }
 
+// SourceList returns the sources feeding the task.
+func (t *Task) SourceList() []Source {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]Source(nil), t.sources...)
+}
+
 // Sources returns how many sources feed the task.
 func (t *Task) Sources() int {
 	t.mu.Lock()

@@ -42,6 +42,8 @@ public final class Main {
     // Matched to Runnel's commit interval (Kafka Streams' own default is 30 s under at-least-once).
     p.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, Long.parseLong(env("BENCH_COMMIT_MS", "30000")));
     p.put(StreamsConfig.STATE_DIR_CONFIG, env("BENCH_DATA_DIR", "./var"));
+    // at_least_once (Kafka Streams' default) or exactly_once_v2.
+    p.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, env("BENCH_GUARANTEE", "at_least_once"));
     p.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
     p.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
     p.put(StreamsConfig.consumerPrefix(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG), "earliest");

@@ -1,0 +1,388 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/assignor"
+	"github.com/runnel-dev/runnel/internal/task"
+	"github.com/runnel-dev/runnel/stores"
+)
+
+// txnCycles runs the worker's commit cycles under ExactlyOnce: one Kafka
+// transaction per worker (Kafka Streams' eos-v2, KIP-447), committed by one
+// cycle over every task of the worker (task.Together): the sink records, the
+// dead letters and the changelog records of all its partitions since the
+// last cycle, and their source offsets, become visible to read_committed
+// readers together or not at all.
+//
+// Invariants:
+//   - A transaction is open (open) exactly while records may be handed to the
+//     agents: every record a source hands out is handed under gate's read
+//     lock, and a cycle holds its write lock from the cut to the next Begin,
+//     so every record whose effects are in a transaction is below the commit
+//     point that transaction commits.
+//   - After an abort, every task is abandoned (its caches dropped, its claims
+//     ending) and the next transaction begins only once all of them closed:
+//     records an abandoned partition's agents still send fail (no
+//     transaction), and are processed again from the committed offsets in the
+//     next session.
+type txnCycles struct {
+	w    *Worker
+	gate sync.RWMutex // hand-outs read-lock it; a cycle write-locks it
+	wake chan struct{}
+	// joining is set while the member rejoins the group (from its
+	// JoinGroup to its assignment) and gen is the generation of its last
+	// assignment: a transaction commits its offsets with the generation
+	// the coordinator knows, or fails as a zombie's would (KIP-447).
+	joining atomic.Bool
+	gen     atomic.Int32
+
+	mu      sync.Mutex
+	open    bool                        // a transaction is open; guarded by mu
+	isOpen  atomic.Bool                 // open, for handOut
+	pending map[*taskRun]struct{}       // abandoned by the last abort, not yet closed; guarded by mu
+	sess    sarama.ConsumerGroupSession // current session; guarded by mu
+	last    map[task.Offset]bool        // offsets of the last commit; guarded by mu
+	opened  chan struct{}               // closed when a transaction opens; guarded by mu
+}
+
+func newTxnCycles(w *Worker) *txnCycles {
+	return &txnCycles{w: w, wake: make(chan struct{}, 1), pending: map[*taskRun]struct{}{}, opened: make(chan struct{})}
+}
+
+// handOut is held by a source while it hands out one record (see the
+// invariants): it waits until a transaction is open and no cycle runs, and
+// returns the release. It returns false, holding nothing, when ctx ends or
+// stop closes first. Nil-safe: without ExactlyOnce it holds nothing.
+func (x *txnCycles) handOut(ctx context.Context, stop <-chan struct{}) (func(), bool) {
+	if x == nil {
+		return func() {}, true
+	}
+	for {
+		x.gate.RLock()
+		if x.isOpen.Load() {
+			return x.gate.RUnlock, true
+		}
+		x.gate.RUnlock()
+		x.mu.Lock()
+		ch := x.opened
+		x.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, false
+		case <-stop:
+			return nil, false
+		}
+	}
+}
+
+// setSession records the group session whose generation and member fence the
+// transactions' offset commits.
+func (x *txnCycles) setSession(sess sarama.ConsumerGroupSession) {
+	x.mu.Lock()
+	x.sess = sess
+	x.mu.Unlock()
+}
+
+// begin opens a transaction if none is open and no abandoned task is left.
+// Guarded by mu (the caller holds it).
+func (x *txnCycles) beginLocked() error {
+	if x.open || len(x.pending) > 0 {
+		return nil
+	}
+	if err := x.w.producer.Begin(); err != nil {
+		return err
+	}
+	x.setOpen(true)
+	return nil
+}
+
+// setOpen sets open (and isOpen); opening closes opened, closing makes a
+// new one. Guarded by mu.
+func (x *txnCycles) setOpen(open bool) {
+	if open == x.open {
+		return
+	}
+	x.open = open
+	x.isOpen.Store(open)
+	if open {
+		close(x.opened)
+	} else {
+		x.opened = make(chan struct{})
+	}
+}
+
+// closed says an abandoned task is gone; the next transaction may begin when
+// it was the last.
+func (x *txnCycles) closed(tr *taskRun) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if _, ok := x.pending[tr]; !ok {
+		return
+	}
+	delete(x.pending, tr)
+	if err := x.beginLocked(); err != nil {
+		x.w.log.Error("begin transaction failed; stopping the worker", "err", err)
+		x.w.fatal.stop(err)
+	}
+}
+
+// abortLocked aborts the open transaction and abandons every task with err:
+// their partitions restart from the committed offsets. Guarded by mu.
+func (x *txnCycles) abortLocked(err error) {
+	w := x.w
+	for _, tr := range w.tasks.all() {
+		x.pending[tr] = struct{}{}
+		tr.abandon(&w.tasks, err)
+	}
+	if x.open {
+		x.setOpen(false)
+		w.metrics.txn.aborts.Inc()
+		if aerr := w.producer.Abort(); aerr != nil {
+			w.log.Error("abort transaction failed; stopping the worker", "err", aerr, "cause", err)
+			w.fatal.stop(fmt.Errorf("abort transaction: %w (after %w)", aerr, err))
+			return
+		}
+	}
+	if w.producer.Fatal() {
+		w.log.Error("transactional producer failed fatally (fenced by another worker with this data dir's process ID?); stopping the worker", "err", err)
+		w.fatal.stop(err)
+		return
+	}
+	w.log.Warn("transaction aborted; every partition restarts from its committed offsets", "err", err)
+	if berr := x.beginLocked(); berr != nil {
+		w.fatal.stop(berr)
+	}
+}
+
+// abort aborts the open transaction (see abortLocked).
+func (x *txnCycles) abort(err error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.abortLocked(err)
+}
+
+// cycle runs one cycle over every task of the worker in the open
+// transaction: it commits the transaction with the tasks' offsets and
+// begins the next one. A failure to cut is returned and changes nothing; a
+// failure to flush or commit aborts (abortLocked).
+//
+// While the member rejoins the group a periodic cycle (final false) is
+// skipped, and a final one waits for the assignment: an offset commit with the
+// generation the member is leaving would be refused and abort the
+// transaction.
+func (x *txnCycles) cycle(ctx context.Context, final bool) error {
+	w := x.w
+	for x.joining.Load() {
+		if !final {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if !x.open {
+		return nil // an abort's partitions are still stopping
+	}
+	x.gate.Lock()
+	defer x.gate.Unlock()
+	trs := w.tasks.all()
+	tasks := make([]*task.Task, len(trs))
+	for i, tr := range trs {
+		tasks[i] = tr.t
+		for _, s := range tr.t.SourceList() {
+			if c, ok := s.(*claimProducer); ok {
+				c.skipControl()
+			}
+		}
+	}
+	sess := x.sess
+	commit := func(ctx context.Context, offs []task.Offset, flushed bool) error {
+		if !flushed && (len(offs) == 0 || x.unchanged(offs)) {
+			return nil // no record since the last commit: nothing to commit
+		}
+		start := time.Now()
+		m := map[string]map[int32]int64{}
+		for _, o := range offs {
+			if m[o.Topic] == nil {
+				m[o.Topic] = map[int32]int64{}
+			}
+			m[o.Topic][o.Partition] = o.Offset
+		}
+		var meta *sarama.ConsumerGroupMetadata
+		if sess != nil {
+			var inst *string
+			if w.cfg.InstanceID != "" {
+				id := w.cfg.InstanceID
+				inst = &id
+			}
+			meta = sarama.NewConsumerGroupMetadataFromSession(sess, w.app.id, inst)
+			meta.GenerationID = max(meta.GenerationID, x.gen.Load())
+		} else {
+			meta = sarama.NewConsumerGroupMetadata(w.app.id)
+		}
+		w.commitMu.Lock()
+		defer w.commitMu.Unlock()
+		if err := w.producer.Commit(m, meta); err != nil {
+			return err // still open: abortLocked aborts it
+		}
+		x.setOpen(false)
+		w.metrics.txn.commits.Inc()
+		w.metrics.txn.seconds.Observe(time.Since(start).Seconds())
+		if err := x.beginLocked(); err != nil {
+			return fmt.Errorf("begin the next transaction: %w", err)
+		}
+		x.last = make(map[task.Offset]bool, len(offs))
+		for _, o := range offs {
+			x.last[o] = true
+			if sess != nil {
+				sess.MarkOffset(o.Topic, o.Partition, o.Offset, "")
+			}
+		}
+		return nil
+	}
+	st, err := task.Together(ctx, tasks, w.cutBudget(), commit)
+	switch {
+	case err == nil:
+		if st.Records > 0 {
+			w.metrics.cycleRecords.Add(float64(st.Records))
+			w.metrics.cycleSeconds.Observe(st.Elapsed.Seconds())
+		}
+		w.tasks.counted(trs, st)
+		return nil
+	case errors.Is(err, task.ErrAbandoned):
+		if permanent(err) || errors.Is(err, stores.ErrFailed) {
+			w.log.Error("transaction failed permanently; stopping the worker", "err", err)
+			w.fatal.stop(err)
+		}
+		x.abortLocked(err)
+		return err
+	default:
+		return err
+	}
+}
+
+// unchanged reports whether offs are the offsets the last commit committed.
+// Guarded by mu.
+func (x *txnCycles) unchanged(offs []task.Offset) bool {
+	if len(offs) != len(x.last) {
+		return false
+	}
+	for _, o := range offs {
+		if !x.last[o] {
+			return false
+		}
+	}
+	return true
+}
+
+// txnStrategy is the worker's assignor seen by Sarama under ExactlyOnce: it
+// tells the transactions when the member rejoins (SubscriptionUserData is
+// called for every JoinGroup).
+type txnStrategy struct {
+	*assignor.Strategy
+	x *txnCycles
+}
+
+// SubscriptionUserData marks the member as joining and returns the
+// assignor's user data.
+func (s txnStrategy) SubscriptionUserData(topics []string) ([]byte, error) {
+	s.x.joining.Store(true)
+	return s.Strategy.SubscriptionUserData(topics)
+}
+
+// assigned records the generation of an assignment: the member joined.
+func (x *txnCycles) assigned(gen int32) {
+	x.gen.Store(gen)
+	x.joining.Store(false)
+}
+
+// loop runs cycles every commit interval, when a cache is full (wake), and
+// when the tasks' sources handed out records since the last cycle but none
+// in the last idle interval (as taskSet.loop does per task).
+func (x *txnCycles) loop(ctx context.Context) {
+	w := x.w
+	tick := time.NewTicker(w.cfg.CommitInterval)
+	defer tick.Stop()
+	var idleC <-chan time.Time
+	if d := w.idleCommit(); d > 0 {
+		idle := time.NewTicker(d)
+		defer idle.Stop()
+		idleC = idle.C
+	}
+	var cycled, seen int64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-x.wake:
+		case <-idleC:
+			n := w.tasks.handed()
+			quiet := n == seen && n != cycled
+			seen = n
+			if !quiet {
+				continue
+			}
+		}
+		cycled = w.tasks.handed()
+		cctx, cancel := context.WithTimeout(ctx, w.flushBudget())
+		err := x.cycle(cctx, false)
+		cancel()
+		if err != nil && ctx.Err() == nil && !errors.Is(err, task.ErrAbandoned) {
+			w.log.Debug("commit cycle postponed", "err", err)
+		}
+	}
+}
+
+// all returns the running tasks, ordered by key (the order task.Together
+// locks them in).
+func (ts *taskSet) all() []*taskRun {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	out := make([]*taskRun, 0, len(ts.m))
+	for _, tr := range ts.m {
+		out = append(out, tr)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].key.parts != out[j].key.parts {
+			return out[i].key.parts < out[j].key.parts
+		}
+		return out[i].key.p < out[j].key.p
+	})
+	return out
+}
+
+// handed sums the records handed out by every task's sources.
+func (ts *taskSet) handed() int64 {
+	var n int64
+	for _, tr := range ts.all() {
+		n += tr.t.Handed()
+	}
+	return n
+}
+
+// counted adds a worker-wide cycle to the tasks' counters.
+func (ts *taskSet) counted(trs []*taskRun, st task.Stats) {
+	if st.Records == 0 {
+		return
+	}
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	for _, tr := range trs {
+		tr.cycles++
+		tr.last = st.Elapsed
+	}
+}
