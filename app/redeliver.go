@@ -572,6 +572,12 @@ type claimProducer struct {
 	flushed   int64 // guarded by mu
 	nextFetch int64 // guarded by mu
 	paused    bool  // guarded by mu
+	// pausedAt is handed when the current cycle paused the source: a cut
+	// is refused if a record was handed out since (AwaitResolved). parked
+	// says the poll loop holds a record and waits for the cycle to resume
+	// it (tests wait for it).
+	pausedAt int64 // guarded by mu
+	parked   bool  // guarded by mu
 }
 
 func newClaimProducer(pt *partition, from int64) *claimProducer {
@@ -705,8 +711,11 @@ func (c *claimProducer) Open(ctx context.Context, emit func(*source.Record, any)
 			}
 			c.mu.Lock()
 			for c.paused && c.rewind < 0 && !c.closed && !c.stopped() {
+				c.parked = true
+				c.cond.Broadcast()
 				c.cond.Wait() // a cycle is being cut
 			}
+			c.parked = false
 			if c.rewind >= 0 {
 				c.mu.Unlock()
 				release()
@@ -717,10 +726,24 @@ func (c *claimProducer) Open(ctx context.Context, emit func(*source.Record, any)
 				// waited: it is left to the next reader. Handed out now,
 				// after the drain, it could reach a group that no longer
 				// delivers it and stay unresolved below the final cycle's
-				// commit point.
+				// commit point. Nor may it be handed out while a cycle is
+				// paused (a regular cycle can still be waiting for its cut
+				// when a revoke stops fetching): it lies at or after the
+				// cycle's commit point, the agents would apply it to the
+				// table caches before the cut, and the cycle would commit
+				// its effects with an offset below it, so that the next
+				// owner processes it again (counted twice).
 				c.mu.Unlock()
 				release()
 				continue
+			}
+			if c.closed {
+				// Not reached (Close comes after Open returned); neither
+				// handed out (a cycle may be paused) nor skipped (a gap
+				// would be committed past): the stream ends.
+				c.mu.Unlock()
+				release()
+				return fmt.Errorf("%s: producer closed while reading", pt.key)
 			}
 			c.wm.Fetched(m.Offset)
 			c.nextFetch = m.Offset + 1
@@ -904,6 +927,7 @@ func (c *claimProducer) Pause() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.paused = true
+	c.pausedAt = c.handed
 	return c.nextFetch
 }
 
@@ -918,7 +942,11 @@ func (c *claimProducer) Resume() {
 // AwaitResolved implements task.Source: it waits until every record below
 // boundary is resolved (every agent pulled past it and its sink records were
 // acknowledged), or fails when the source failed a record, stopped without
-// draining, or ctx ended.
+// draining, or ctx ended. It also fails when a record was handed out since
+// Pause: the caches could then hold effects of records at or after the
+// commit point, and a cut now would commit them with an offset below them
+// (the writes stay in the caches for a later cycle, whose commit point
+// covers them).
 func (c *claimProducer) AwaitResolved(ctx context.Context, boundary int64) error {
 	stop := context.AfterFunc(ctx, func() {
 		c.mu.Lock()
@@ -928,7 +956,13 @@ func (c *claimProducer) AwaitResolved(ctx context.Context, boundary int64) error
 	defer stop()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for c.wm.Next() < boundary {
+	for {
+		if c.paused && c.handed != c.pausedAt {
+			return fmt.Errorf("%s: %d records handed out after the cycle paused the source at %d", c.pt.key, c.handed-c.pausedAt, boundary)
+		}
+		if c.wm.Next() >= boundary {
+			return nil
+		}
 		switch {
 		case ctx.Err() != nil:
 			return fmt.Errorf("%s: records below %d unresolved: %w", c.pt.key, boundary, ctx.Err())
@@ -939,7 +973,6 @@ func (c *claimProducer) AwaitResolved(ctx context.Context, boundary int64) error
 		}
 		c.cond.Wait()
 	}
-	return nil
 }
 
 // Committable implements task.Source: the cycle ending at boundary is

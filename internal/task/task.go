@@ -49,7 +49,8 @@ type Source interface {
 	// Resume undoes Pause.
 	Resume()
 	// AwaitResolved returns when every record below boundary is resolved, or
-	// an error when one failed, the source stopped, or ctx ended.
+	// an error when one failed, the source stopped, ctx ended, or a record
+	// was handed out since Pause (the cut would hold its effects).
 	AwaitResolved(ctx context.Context, boundary int64) error
 	// Committable lets the source commit offsets up to boundary.
 	Committable(boundary int64)
@@ -245,10 +246,15 @@ func (t *Task) Cycle(ctx context.Context, cut time.Duration) (Stats, error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, cut)
 	defer cancel()
-	for i, s := range srcs {
-		if err := s.AwaitResolved(cctx, bounds[i]); err != nil {
-			resume()
-			return st, fmt.Errorf("cut: %w", err)
+	// Twice: the second pass returns at once unless a source awaited early
+	// handed out a record while a later one was awaited (it must not while
+	// paused; AwaitResolved refuses the cut if it did).
+	for range 2 {
+		for i, s := range srcs {
+			if err := s.AwaitResolved(cctx, bounds[i]); err != nil {
+				resume()
+				return st, fmt.Errorf("cut: %w", err)
+			}
 		}
 	}
 	var flushes []table.Cycle

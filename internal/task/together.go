@@ -79,9 +79,11 @@ func Together(ctx context.Context, tasks []*Task, cut time.Duration, commit func
 	}()
 	cctx, cancel := context.WithTimeout(ctx, cut)
 	defer cancel()
-	for _, s := range srcs {
-		if err := s.s.AwaitResolved(cctx, s.bound); err != nil {
-			return st, fmt.Errorf("cut: %w", err)
+	for range 2 { // twice: see Cycle
+		for _, s := range srcs {
+			if err := s.s.AwaitResolved(cctx, s.bound); err != nil {
+				return st, fmt.Errorf("cut: %w", err)
+			}
 		}
 	}
 	type cutTask struct {
