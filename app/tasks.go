@@ -352,6 +352,9 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 // offsets are also marked in the session (task.Source.Committable), so
 // Sarama's own commits never go back.
 func (w *Worker) commitSync(ctx context.Context, sess sarama.ConsumerGroupSession, offs []task.Offset) error {
+	if len(offs) == 0 {
+		return nil
+	}
 	for {
 		err := w.commitOnce(sess, offs)
 		if err == nil || !(errors.Is(err, sarama.ErrRebalanceInProgress) || errors.Is(err, sarama.ErrIllegalGeneration) ||

@@ -300,9 +300,12 @@ func (t *Task) Cycle(ctx context.Context, cut time.Duration) (Stats, error) {
 	// could be committed later behind the task's back, after the partition
 	// moved and its next owner restored without this cycle, and the records
 	// below it would never be processed again.
-	offsets := make([]Offset, len(srcs))
+	offsets := make([]Offset, 0, len(srcs))
 	for i, s := range srcs {
-		offsets[i] = Offset{Topic: s.Topic(), Partition: s.Partition(), Offset: bounds[i]}
+		if bounds[i] < 0 {
+			continue // handed out nothing yet: still at the group's initial offset (a sentinel, not an offset)
+		}
+		offsets = append(offsets, Offset{Topic: s.Topic(), Partition: s.Partition(), Offset: bounds[i]})
 	}
 	if t.Commit != nil {
 		if err := t.Commit(ctx, offsets); err != nil {

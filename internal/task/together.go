@@ -140,6 +140,9 @@ func Together(ctx context.Context, tasks []*Task, cut time.Duration, commit func
 	}
 	offsets := make([]Offset, 0, len(srcs))
 	for _, s := range srcs {
+		if s.bound < 0 {
+			continue // handed out nothing yet: still at the group's initial offset (a sentinel, not an offset)
+		}
 		offsets = append(offsets, Offset{Topic: s.s.Topic(), Partition: s.s.Partition(), Offset: s.bound})
 	}
 	slices.SortFunc(offsets, func(a, b Offset) int {
