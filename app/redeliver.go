@@ -246,7 +246,7 @@ func (pt *partition) run(ctx context.Context) error {
 		n := max(pt.attemptsOf(prod.failedOffset()), 1)
 		d := pt.retry.delay(n)
 		if shared {
-			w.log.Warn("partition failed; its task has other sources or was abandoned, so the session restarts and the partition resumes from its committed offset",
+			w.log.Warn("partition failed; its task has other sources, was abandoned or is in the worker's transaction, so the session restarts and the partition resumes from its committed offset",
 				"topic", pt.topic, "partition", pt.p, "offset", from, "attempt", n, "in", d, "err", err)
 			pt.task.abandon(&w.tasks, err)
 			if !sleep(d, ctx.Done(), pt.feed.revoked) {

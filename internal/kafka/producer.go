@@ -124,12 +124,6 @@ func (p *Producer) Close() error {
 	return nil
 }
 
-// Transactional reports whether the producer's client has a transactional ID
-// (Producer.Transaction.ID): its records are then written in transactions
-// (Begin, Commit, Abort) and a record sent outside one fails with
-// sarama.ErrTransactionNotReady.
-func (p *Producer) Transactional() bool { return p.ap.IsTransactional() }
-
 // Begin opens a transaction. Errors: the producer is not transactional, a
 // transaction is already open, or the producer is in a fatal error state
 // (fenced by a newer producer with the same transactional ID).
@@ -180,9 +174,4 @@ func (p *Producer) Abort() error {
 // neither commit nor abort and must be closed.
 func (p *Producer) Fatal() bool {
 	return p.ap.TxnStatus()&sarama.ProducerTxnFlagFatalError != 0
-}
-
-// InTransaction reports whether a transaction is open.
-func (p *Producer) InTransaction() bool {
-	return p.ap.TxnStatus()&sarama.ProducerTxnFlagInTransaction != 0
 }
