@@ -82,14 +82,31 @@ func (t *Topic[K, V]) Send(ev table.Event, key K, value V) error {
 	if err != nil {
 		return fmt.Errorf("send to %s: encode value: %w", t.name, err)
 	}
-	done, ok := ev.BindPersist()
-	if !ok {
-		return fmt.Errorf("send to %s: %w", t.name, table.ErrOutsideWindow)
+	var ack table.Acker
+	if se, ok := ev.(sinkBinder); ok {
+		// An agent's event: one value receives the answer, no closures.
+		a, ok := se.bindSink()
+		if !ok {
+			return fmt.Errorf("send to %s: %w", t.name, table.ErrOutsideWindow)
+		}
+		ack = a
+	} else {
+		done, ok := ev.BindPersist()
+		if !ok {
+			return fmt.Errorf("send to %s: %w", t.name, table.ErrOutsideWindow)
+		}
+		ack = table.AckFunc(func(_ int64, err error) { done(err) })
 	}
 	p := kafka.PartitionFor(kb, t.partitions)
-	if err := env.Send(t.name, p, kb, vb, func(_ int64, err error) { done(err) }); err != nil {
-		done(err)
+	if err := env.Send(t.name, p, kb, vb, ack); err != nil {
+		ack.Acked(-1, err)
 		return fmt.Errorf("send to %s[%d]: %w", t.name, p, err)
 	}
 	return nil
+}
+
+// sinkBinder is implemented by the agent's own Event: it binds a sink record
+// and returns the receiver of its broker answer.
+type sinkBinder interface {
+	bindSink() (*sinkAck, bool)
 }

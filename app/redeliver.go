@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -459,6 +460,10 @@ func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source
 // attempts counts failed deliveries per record across sessions: a failure
 // ends the member's session (see run), so the count must outlive the claim.
 type attempts struct {
+	// n counts the tracked offsets of every partition (written under mu):
+	// while it is 0, get and forget, called for every resolved record, skip
+	// the lock and the map.
+	n  atomic.Int64
 	mu sync.Mutex
 	m  map[string]map[int64]int // partition key -> offset -> failed deliveries; guarded by mu
 }
@@ -472,20 +477,32 @@ func (a *attempts) add(key string, offset int64) int {
 	if a.m[key] == nil {
 		a.m[key] = map[int64]int{}
 	}
+	if a.m[key][offset] == 0 {
+		a.n.Add(1)
+	}
 	a.m[key][offset]++
 	return a.m[key][offset]
 }
 
 func (a *attempts) get(key string, offset int64) int {
+	if a.n.Load() == 0 {
+		return 0
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.m[key][offset]
 }
 
 func (a *attempts) forget(key string, offset int64) {
+	if a.n.Load() == 0 {
+		return
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	delete(a.m[key], offset)
+	if _, ok := a.m[key][offset]; ok {
+		delete(a.m[key], offset)
+		a.n.Add(-1)
+	}
 }
 
 // attempt counts one more failed delivery of offset and returns the count.
@@ -495,13 +512,12 @@ func (pt *partition) attemptsOf(offset int64) int { return pt.w.attempts.get(pt.
 
 func (pt *partition) forget(offset int64) { pt.w.attempts.forget(pt.key, offset) }
 
-// payload is the broker payload of one fanned-out record: its offset and the
-// producer epoch it was fetched in. A seek back starts a new epoch; Advance
-// ignores records of older epochs (they are fetched again).
-type payload struct {
-	offset int64
-	epoch  uint64
-}
+// epoch is the broker payload of every record fanned out in one producer
+// epoch (the record's offset is in its source.Record). A seek back starts a
+// new epoch (a new pointer); Advance ignores records of older epochs (they
+// are fetched again). One pointer per epoch, not a value per record: boxing a
+// pointer into the payload interface allocates nothing.
+type epoch struct{ n uint64 }
 
 // claimProducer is the shared-source producer of one incarnation of a claimed
 // partition. Its poll loop reads the claim (or, after a seek back or in a
@@ -530,7 +546,7 @@ type claimProducer struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
 	wm     *source.Watermark // guarded by mu
-	epoch  uint64            // guarded by mu
+	epoch  *epoch            // the current epoch; guarded by mu
 	rewind int64             // offset to seek back to, -1 none; guarded by mu
 	marked int64             // last offset marked, -1 none; guarded by mu
 	halted bool              // draining is pointless (failure on stop, budget over); guarded by mu
@@ -554,7 +570,7 @@ func newClaimProducer(pt *partition, from int64) *claimProducer {
 		start = pt.feed.claim.InitialOffset()
 	}
 	c := &claimProducer{pt: pt, from: from, ready: make(chan struct{}), stop: make(chan struct{}),
-		rewindCh: make(chan struct{}, 1), wm: source.NewWatermark(start), rewind: -1, marked: -1,
+		rewindCh: make(chan struct{}, 1), wm: source.NewWatermark(start), epoch: &epoch{}, rewind: -1, marked: -1,
 		flushed: start, nextFetch: start}
 	c.cond = sync.NewCond(&c.mu)
 	return c
@@ -682,7 +698,7 @@ func (c *claimProducer) Open(ctx context.Context, emit func(*source.Record, any)
 			c.wm.Fetched(m.Offset)
 			c.nextFetch = m.Offset + 1
 			c.handed++
-			pl := payload{offset: m.Offset, epoch: c.epoch}
+			pl := c.epoch
 			c.mu.Unlock()
 			rec := &source.Record{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Timestamp: m.Timestamp}
 			for _, h := range m.Headers {
@@ -778,15 +794,27 @@ func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem)
 			pt.w.metrics.committed.WithLabelValues(pt.topic).Add(float64(resolved))
 		}
 	}()
-	for i := range batch {
-		it := &batch[i]
-		pl, _ := it.Payload.(payload)
+	for i := 0; i < len(batch); i++ {
+		// Clean records of the current epoch, the common case, resolve in
+		// runs under one lock; the first other one leaves the run.
 		c.mu.Lock()
-		stale := pl.epoch != c.epoch
-		c.mu.Unlock()
-		if stale {
-			continue
+		for ; i < len(batch); i++ {
+			it := &batch[i]
+			if it.Payload != any(c.epoch) {
+				continue // fetched before a seek back: stale
+			}
+			if !it.Outcome.Clean() {
+				break
+			}
+			pt.forget(it.Record.Offset)
+			c.wm.Resolved(it.Record.Offset)
+			resolved++
 		}
+		c.mu.Unlock()
+		if i == len(batch) {
+			break
+		}
+		it := &batch[i]
 		off := it.Record.Offset
 		failed := !it.Outcome.Clean() && (it.Outcome.Failed > 0 || it.Outcome.Rejected == 0)
 		if !failed && it.Outcome.Rejected > 0 {
@@ -918,7 +946,7 @@ func (c *claimProducer) Committable(boundary int64) {
 // offset (unless fetching stopped).
 func (c *claimProducer) seekBack(offset int64) {
 	c.mu.Lock()
-	c.epoch++
+	c.epoch = &epoch{n: c.epoch.n + 1}
 	c.rewind = offset
 	c.wm.Reset(offset)
 	c.nextFetch = offset
