@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"runtime/debug"
+	"sync/atomic"
 
 	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/codec"
@@ -176,6 +177,10 @@ type Event[K any, V any] struct {
 	Record *source.Record
 	d      source.Delivery // its address names the record's window
 	env    *table.Env
+	// ack receives the broker's answer for the event's first sink record
+	// (bindSink); ackUsed says it is taken.
+	ack     sinkAck
+	ackUsed atomic.Bool
 }
 
 // Env implements table.Event.
@@ -212,7 +217,14 @@ func (e *Event[K, V]) bindSink() (*sinkAck, bool) {
 	if !ok {
 		return nil, false
 	}
-	a := &sinkAck{tok: tok}
+	// The first sink record's receiver lives in the event (most events
+	// derive one record); later ones get their own.
+	// (Sends of one event may run on several goroutines.)
+	a := &e.ack
+	if !e.ackUsed.CompareAndSwap(false, true) {
+		a = &sinkAck{}
+	}
+	a.tok = tok
 	if e.env != nil && e.env.InFlight != nil {
 		a.inflight = e.env.InFlight
 		a.inflight.Add()

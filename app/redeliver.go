@@ -628,8 +628,29 @@ func (c *claimProducer) waitDrained(budget time.Duration) {
 	}
 }
 
+// Open implements source.Producer; the manager calls OpenBatch instead.
 func (c *claimProducer) Open(ctx context.Context, emit func(*source.Record, any) error) error {
+	return c.OpenBatch(ctx, func(batch []source.Emit) error {
+		for _, it := range batch {
+			if err := emit(it.Record, it.Payload); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// maxEmitBatch bounds the records the poll loop hands over in one batch:
+// those already waiting in the claim's channel (Sarama's ChannelBufferSize,
+// 256 by default) after the first.
+const maxEmitBatch = 256
+
+// OpenBatch implements source.BatchProducer: it hands the agents every
+// record already waiting in the channel at once (at most maxEmitBatch).
+func (c *claimProducer) OpenBatch(ctx context.Context, emit func([]source.Emit) error) error {
 	pt := c.pt
+	msgBatch := make([]*sarama.ConsumerMessage, 0, maxEmitBatch)
+	batch := make([]source.Emit, 0, maxEmitBatch)
 	select {
 	case <-c.ready:
 	case <-ctx.Done():
@@ -687,30 +708,68 @@ func (c *claimProducer) Open(ctx context.Context, emit func(*source.Record, any)
 				}
 				return fmt.Errorf("partition consumer of %s closed", pt.key)
 			}
-			c.mu.Lock()
-			for c.paused && c.rewind < 0 && !c.closed && !c.stopped() {
-				c.cond.Wait() // a cycle is being cut
-			}
-			if c.rewind >= 0 {
-				c.mu.Unlock()
-				continue // fetched before the seek back: discarded
-			}
-			c.wm.Fetched(m.Offset)
-			c.nextFetch = m.Offset + 1
-			c.handed++
-			pl := c.epoch
-			c.mu.Unlock()
-			rec := &source.Record{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Timestamp: m.Timestamp}
-			for _, h := range m.Headers {
-				if h != nil {
-					rec.Headers = append(rec.Headers, source.Header{Key: h.Key, Value: h.Value})
+			// Take what else is waiting, without blocking: the batch ends
+			// at the first empty receive (or a closed channel, seen on
+			// the next loop).
+			msgBatch = append(msgBatch[:0], m)
+		drain:
+			for len(msgBatch) < maxEmitBatch {
+				select {
+				case m, ok := <-msgs:
+					if !ok {
+						break drain
+					}
+					msgBatch = append(msgBatch, m)
+				default:
+					break drain
 				}
 			}
-			if err := emit(rec, pl); err != nil {
+			err := c.emitFetched(msgBatch, batch, emit)
+			clear(msgBatch)
+			if err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// emitFetched registers fetched messages as handed out and fans them out in
+// one batch (batch is scratch space). While a cycle is being cut the whole
+// batch waits; a seek back discards it.
+func (c *claimProducer) emitFetched(msgs []*sarama.ConsumerMessage, batch []source.Emit, emit func([]source.Emit) error) error {
+	c.mu.Lock()
+	for c.paused && c.rewind < 0 && !c.closed && !c.stopped() {
+		c.cond.Wait() // a cycle is being cut
+	}
+	if c.rewind >= 0 {
+		c.mu.Unlock()
+		return nil // fetched before the seek back: discarded
+	}
+	for _, m := range msgs {
+		c.wm.Fetched(m.Offset)
+	}
+	last := msgs[len(msgs)-1]
+	c.nextFetch = last.Offset + 1
+	c.handed += int64(len(msgs))
+	pl := c.epoch
+	c.mu.Unlock()
+	batch = batch[:0]
+	// One allocation for the batch's records: a record already keeps its
+	// fetch's buffer alive through its key and value.
+	recs := make([]source.Record, len(msgs))
+	for i, m := range msgs {
+		rec := &recs[i]
+		*rec = source.Record{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Timestamp: m.Timestamp}
+		for _, h := range m.Headers {
+			if h != nil {
+				rec.Headers = append(rec.Headers, source.Header{Key: h.Key, Value: h.Value})
+			}
+		}
+		batch = append(batch, source.Emit{Record: rec, Payload: pl})
+	}
+	err := emit(batch)
+	clear(batch)
+	return err
 }
 
 // seek (re)starts reading the partition at offset with the producer's own
