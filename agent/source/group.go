@@ -518,12 +518,6 @@ func (g *group) emitBatch(batch []Emit) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for i, it := range batch {
-		if i > 0 && i%emitChunk == 0 {
-			// Let the subscribers (Next), tokens and the pump in
-			// between chunks: a long batch must not hold them off.
-			g.mu.Unlock()
-			g.mu.Lock()
-		}
 		ok, waited := g.waitRoomLocked()
 		if !ok {
 			return g.stoppedErr()
@@ -535,10 +529,6 @@ func (g *group) emitBatch(batch []Emit) error {
 	}
 	return nil
 }
-
-// emitChunk is how many records of a batch emitBatch fans out per group lock
-// acquisition.
-const emitChunk = 32
 
 // emitLocked fans one record out on lane key; the caller holds g.mu and made
 // sure there is room (waitRoomLocked).
