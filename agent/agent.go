@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"runtime/debug"
+	"sync/atomic"
 
 	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/codec"
@@ -137,14 +138,17 @@ func (s *Stream[K, V]) Events() iter.Seq[*Event[K, V]] {
 	return func(yield func(*Event[K, V]) bool) {
 		for {
 			s.cur = nil
-			d, err := s.sub.Next(s.ctx)
-			if err != nil {
+			// One allocation per record holds the event and its delivery.
+			ev := &Event[K, V]{env: s.env}
+			d := &ev.d
+			if err := s.sub.NextInto(s.ctx, d); err != nil {
 				if !errors.Is(err, source.ErrGroupStopped) && s.ctx.Err() == nil {
 					s.err = err
 				}
 				return
 			}
-			ev := &Event[K, V]{Record: d.Record, d: d, env: s.env}
+			ev.Record = d.Record
+			var err error
 			if d.Record.Key != nil {
 				if ev.Key, err = s.kc.Decode(d.Record.Key); err != nil {
 					d.Reject(fmt.Errorf("decode key of %s[%d]@%d: %w", d.Record.Topic, d.Record.Partition, d.Record.Offset, err))
@@ -174,8 +178,12 @@ type Event[K any, V any] struct {
 	Key    K
 	Value  V
 	Record *source.Record
-	d      *source.Delivery
+	d      source.Delivery // its address names the record's window
 	env    *table.Env
+	// ack receives the broker's answer for the event's first sink record
+	// (bindSink); ackUsed says it is taken.
+	ack     sinkAck
+	ackUsed atomic.Bool
 }
 
 // Env implements table.Event.
@@ -197,27 +205,54 @@ func (e *Event[K, V]) InWindow() bool { return e.d.Open() }
 
 // BindPersist implements table.Event: it binds one derived record to the event.
 func (e *Event[K, V]) BindPersist() (func(error), bool) {
+	a, ok := e.bindSink()
+	if !ok {
+		return nil, false
+	}
+	return func(err error) { a.Acked(-1, err) }, true
+}
+
+// bindSink binds one derived record to the event like BindPersist, returning
+// its broker answer's receiver as one value (Topic.Send hands it to the
+// producer without a closure per record).
+func (e *Event[K, V]) bindSink() (*sinkAck, bool) {
 	tok, ok := e.d.Bind()
 	if !ok {
 		return nil, false
 	}
-	var inflight *table.InFlight
-	if e.env != nil {
-		inflight = e.env.InFlight
+	// The first sink record's receiver lives in the event (most events
+	// derive one record); later ones get their own.
+	// (Sends of one event may run on several goroutines.)
+	a := &e.ack
+	if !e.ackUsed.CompareAndSwap(false, true) {
+		a = &sinkAck{}
 	}
-	if inflight != nil {
-		inflight.Add()
+	a.tok = tok
+	if e.env != nil && e.env.InFlight != nil {
+		a.inflight = e.env.InFlight
+		a.inflight.Add()
 	}
-	return func(err error) {
-		if err == nil {
-			tok.Confirm()
-		} else {
-			tok.Fail(err)
-		}
-		if inflight != nil {
-			inflight.Done()
-		}
-	}, true
+	return a, true
+}
+
+// sinkAck receives the broker's answer for one derived record bound to an
+// event: it confirms or fails the record's persist token and counts the
+// record answered in the partition's in-flight counter.
+type sinkAck struct {
+	tok      source.Token
+	inflight *table.InFlight
+}
+
+// Acked implements table.Acker.
+func (a *sinkAck) Acked(_ int64, err error) {
+	if err == nil {
+		a.tok.Confirm()
+	} else {
+		a.tok.Fail(err)
+	}
+	if a.inflight != nil {
+		a.inflight.Done()
+	}
 }
 
 // Reject resolves the event as rejected: it goes to the agent's dead-letter

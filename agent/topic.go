@@ -100,12 +100,22 @@ func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 	if env == nil || env.Send == nil {
 		return fmt.Errorf("send to %s: %w", t.name, table.ErrNotRunning)
 	}
-	done, ok := ev.BindPersist()
-	if !ok {
-		return fmt.Errorf("send to %s: %w", t.name, table.ErrOutsideWindow)
+	var ack table.Acker
+	if se, ok := ev.(sinkBinder); ok {
+		// An agent's event: one value receives the answer, no closures.
+		a, ok := se.bindSink()
+		if !ok {
+			return fmt.Errorf("send to %s: %w", t.name, table.ErrOutsideWindow)
+		}
+		ack = a
+	} else {
+		done, ok := ev.BindPersist()
+		if !ok {
+			return fmt.Errorf("send to %s: %w", t.name, table.ErrOutsideWindow)
+		}
+		ack = table.AckFunc(func(_ int64, err error) { done(err) })
 	}
 	p := kafka.PartitionFor(kb, t.partitions)
-	ack := func(_ int64, err error) { done(err) }
 	var err error
 	if o, isOrig := ev.(table.Originator); isOrig && t.repartitionOf != "" && env.SendAt != nil {
 		err = env.SendAt(t.name, p, kb, vb, o.Origin().Timestamp, ack)
@@ -113,8 +123,14 @@ func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 		err = env.Send(t.name, p, kb, vb, ack)
 	}
 	if err != nil {
-		done(err)
+		ack.Acked(-1, err)
 		return fmt.Errorf("send to %s[%d]: %w", t.name, p, err)
 	}
 	return nil
+}
+
+// sinkBinder is implemented by the agent's own Event: it binds a sink record
+// and returns the receiver of its broker answer.
+type sinkBinder interface {
+	bindSink() (*sinkAck, bool)
 }

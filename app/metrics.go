@@ -222,22 +222,37 @@ func (w *Worker) agentEnv(env *table.Env, r agent.Runner) *table.Env {
 		return &e
 	}
 	declared := r.Settings().Sinks
-	e.Send = func(topic string, p int32, key, value []byte, done func(int64, error)) error {
-		if !slices.Contains(declared, topic) {
-			if _, seen := m.undeclared.LoadOrStore(name+"\x00"+topic, true); !seen {
-				w.log.Info("agent sends to a topic it did not declare with agent.SendsTo; describe does not show it", "agent", name, "topic", topic)
+	var counters sync.Map // destination topic → prometheus.Counter of name
+	e.Send = func(topic string, p int32, key, value []byte, ack table.Acker) error {
+		c, ok := counters.Load(topic)
+		if !ok {
+			if !slices.Contains(declared, topic) {
+				if _, seen := m.undeclared.LoadOrStore(name+"\x00"+topic, true); !seen {
+					w.log.Info("agent sends to a topic it did not declare with agent.SendsTo; describe does not show it", "agent", name, "topic", topic)
+				}
 			}
+			c, _ = counters.LoadOrStore(topic, m.sent.WithLabelValues(topic, name))
 		}
-		return send(topic, p, key, value, func(off int64, err error) {
-			if err == nil {
-				m.sent.WithLabelValues(topic, name).Inc()
-			}
-			if done != nil {
-				done(off, err)
-			}
-		})
+		return send(topic, p, key, value, &countedAck{ack: ack, sent: c.(prometheus.Counter)})
 	}
 	return &e
+}
+
+// countedAck counts a sink record the broker acknowledged, then passes the
+// answer on.
+type countedAck struct {
+	ack  table.Acker
+	sent prometheus.Counter
+}
+
+// Acked implements table.Acker.
+func (a *countedAck) Acked(off int64, err error) {
+	if err == nil {
+		a.sent.Inc()
+	}
+	if a.ack != nil {
+		a.ack.Acked(off, err)
+	}
 }
 
 // trackClaim registers a running claim for the lag gauge; the returned func

@@ -17,12 +17,14 @@ import (
 
 // pausedFixture is a claim producer reading partition 0 of a fresh topic
 // holding records 0..n-1 with a real consumer, outside any group: its Open
-// hands records to emit.
+// hands records to emit. produce appends more records (values of the
+// same shape), so a test controls where a fetched batch ends.
 type pausedFixture struct {
-	c      *claimProducer
-	handed chan int64
-	done   chan error
-	cancel context.CancelFunc
+	c       *claimProducer
+	handed  chan int64
+	done    chan error
+	cancel  context.CancelFunc
+	produce func(n int)
 }
 
 func newPausedFixture(t *testing.T, n int, emit func(c *claimProducer, offset int64)) *pausedFixture {
@@ -58,12 +60,18 @@ func newPausedFixture(t *testing.T, n int, emit func(c *claimProducer, offset in
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range n {
-		if _, _, err := prod.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 0, Value: sarama.StringEncoder(strings.Repeat("x", i+1))}); err != nil {
-			t.Fatal(err)
+	t.Cleanup(func() { _ = prod.Close() })
+	sent := 0
+	produce := func(n int) {
+		for range n {
+			sent++
+			if _, _, err := prod.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 0, Value: sarama.StringEncoder(strings.Repeat("x", sent))}); err != nil {
+				t.Error(err)
+				return
+			}
 		}
 	}
-	_ = prod.Close()
+	produce(n)
 	consumer, err := sarama.NewConsumerFromClient(client)
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +79,7 @@ func newPausedFixture(t *testing.T, n int, emit func(c *claimProducer, offset in
 	t.Cleanup(func() { consumer.Close() })
 	w := &Worker{log: slog.New(slog.NewTextHandler(io.Discard, nil)), restorer: &changelog.Restorer{Client: client, Consumer: consumer}}
 	pt := &partition{w: w, topic: topic, p: 0, key: topic + "[0]", retry: Redelivery{}.withDefaults()}
-	f := &pausedFixture{c: newClaimProducer(pt, 0), handed: make(chan int64, n), done: make(chan error, 1)}
+	f := &pausedFixture{c: newClaimProducer(pt, 0), handed: make(chan int64, 64), done: make(chan error, 1), produce: produce}
 	f.c.capped = true
 	close(f.c.ready)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -124,7 +132,7 @@ func (f *pausedFixture) offsets(t *testing.T) []int64 {
 // fraction of a second between two rebalances).
 func TestPausedSourceHandsOutNothingWhenFetchingStops(t *testing.T) {
 	bound := make(chan int64, 1)
-	f := newPausedFixture(t, 6, func(c *claimProducer, offset int64) {
+	f := newPausedFixture(t, 3, func(c *claimProducer, offset int64) {
 		if offset == 2 {
 			bound <- c.Pause() // a cycle pauses after record 2 was handed out
 		}
@@ -133,7 +141,8 @@ func TestPausedSourceHandsOutNothingWhenFetchingStops(t *testing.T) {
 	if b != 3 {
 		t.Fatalf("commit point %d, want 3", b)
 	}
-	f.waitParked() // record 3 was fetched and waits for the cycle
+	f.produce(3)
+	f.waitParked() // records 3.. were fetched and wait for the cycle
 	f.c.stopFetching()
 	// The paused cycle may now cut: nothing was handed out since it paused.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -157,12 +166,13 @@ func TestPausedSourceHandsOutNothingWhenFetchingStops(t *testing.T) {
 // without a new Pause stands in for a pause that broke.)
 func TestCutRefusedWhenRecordHandedOutAfterPause(t *testing.T) {
 	bound := make(chan int64, 1)
-	f := newPausedFixture(t, 6, func(c *claimProducer, offset int64) {
+	f := newPausedFixture(t, 3, func(c *claimProducer, offset int64) {
 		if offset == 2 {
 			bound <- c.Pause()
 		}
 	})
 	b := <-bound
+	f.produce(3)
 	f.waitParked()
 	// Break the pause for one record: flag paused again as soon as record 3
 	// was handed out, with the first Pause's count.
@@ -172,7 +182,7 @@ func TestCutRefusedWhenRecordHandedOutAfterPause(t *testing.T) {
 	f.c.cond.Broadcast()
 	for f.c.handed == at {
 		f.c.mu.Unlock()
-		<-f.handed // 0, 1, 2, then 3
+		<-f.handed // 0, 1, 2, then 3 (and the rest of its batch)
 		f.c.mu.Lock()
 	}
 	f.c.paused = true

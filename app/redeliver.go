@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -485,6 +486,10 @@ func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source
 // attempts counts failed deliveries per record across sessions: a failure
 // ends the member's session (see run), so the count must outlive the claim.
 type attempts struct {
+	// n counts the tracked offsets of every partition (written under mu):
+	// while it is 0, get and forget, called for every resolved record, skip
+	// the lock and the map.
+	n  atomic.Int64
 	mu sync.Mutex
 	m  map[string]map[int64]int // partition key -> offset -> failed deliveries; guarded by mu
 }
@@ -498,20 +503,32 @@ func (a *attempts) add(key string, offset int64) int {
 	if a.m[key] == nil {
 		a.m[key] = map[int64]int{}
 	}
+	if a.m[key][offset] == 0 {
+		a.n.Add(1)
+	}
 	a.m[key][offset]++
 	return a.m[key][offset]
 }
 
 func (a *attempts) get(key string, offset int64) int {
+	if a.n.Load() == 0 {
+		return 0
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.m[key][offset]
 }
 
 func (a *attempts) forget(key string, offset int64) {
+	if a.n.Load() == 0 {
+		return
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	delete(a.m[key], offset)
+	if _, ok := a.m[key][offset]; ok {
+		delete(a.m[key], offset)
+		a.n.Add(-1)
+	}
 }
 
 // attempt counts one more failed delivery of offset and returns the count.
@@ -521,13 +538,12 @@ func (pt *partition) attemptsOf(offset int64) int { return pt.w.attempts.get(pt.
 
 func (pt *partition) forget(offset int64) { pt.w.attempts.forget(pt.key, offset) }
 
-// payload is the broker payload of one fanned-out record: its offset and the
-// producer epoch it was fetched in. A seek back starts a new epoch; Advance
-// ignores records of older epochs (they are fetched again).
-type payload struct {
-	offset int64
-	epoch  uint64
-}
+// epoch is the broker payload of every record fanned out in one producer
+// epoch (the record's offset is in its source.Record). A seek back starts a
+// new epoch (a new pointer); Advance ignores records of older epochs (they
+// are fetched again). One pointer per epoch, not a value per record: boxing a
+// pointer into the payload interface allocates nothing.
+type epoch struct{ n uint64 }
 
 // claimProducer is the shared-source producer of one incarnation of a claimed
 // partition. Its poll loop reads the claim (or, after a seek back or in a
@@ -556,7 +572,7 @@ type claimProducer struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
 	wm     *source.Watermark // guarded by mu
-	epoch  uint64            // guarded by mu
+	epoch  *epoch            // the current epoch; guarded by mu
 	rewind int64             // offset to seek back to, -1 none; guarded by mu
 	marked int64             // last offset marked, -1 none; guarded by mu
 	halted bool              // draining is pointless (failure on stop, budget over); guarded by mu
@@ -586,7 +602,7 @@ func newClaimProducer(pt *partition, from int64) *claimProducer {
 		start = pt.feed.claim.InitialOffset()
 	}
 	c := &claimProducer{pt: pt, from: from, ready: make(chan struct{}), stop: make(chan struct{}),
-		rewindCh: make(chan struct{}, 1), wm: source.NewWatermark(start), rewind: -1, marked: -1,
+		rewindCh: make(chan struct{}, 1), wm: source.NewWatermark(start), epoch: &epoch{}, rewind: -1, marked: -1,
 		flushed: start, nextFetch: start}
 	c.cond = sync.NewCond(&c.mu)
 	return c
@@ -644,8 +660,29 @@ func (c *claimProducer) waitDrained(budget time.Duration) {
 	}
 }
 
+// Open implements source.Producer; the manager calls OpenBatch instead.
 func (c *claimProducer) Open(ctx context.Context, emit func(*source.Record, any) error) error {
+	return c.OpenBatch(ctx, func(batch []source.Emit) error {
+		for _, it := range batch {
+			if err := emit(it.Record, it.Payload); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// maxEmitBatch bounds the records the poll loop hands over in one batch:
+// those already waiting in the claim's channel (Sarama's ChannelBufferSize,
+// 256 by default) after the first.
+const maxEmitBatch = 256
+
+// OpenBatch implements source.BatchProducer: it hands the agents every
+// record already waiting in the channel at once (at most maxEmitBatch).
+func (c *claimProducer) OpenBatch(ctx context.Context, emit func([]source.Emit) error) error {
 	pt := c.pt
+	msgBatch := make([]*sarama.ConsumerMessage, 0, maxEmitBatch)
+	batch := make([]source.Emit, 0, maxEmitBatch)
 	select {
 	case <-c.ready:
 	case <-ctx.Done():
@@ -703,65 +740,107 @@ func (c *claimProducer) Open(ctx context.Context, emit func(*source.Record, any)
 				}
 				return fmt.Errorf("partition consumer of %s closed", pt.key)
 			}
-			// ExactlyOnce: a record is handed out only inside an open
-			// transaction and never while a cycle runs (txnCycles).
-			release, ok := pt.w.txn.handOut(ctx, c.stop)
-			if !ok {
-				continue // stopping: the record is left to the next reader
-			}
-			c.mu.Lock()
-			for c.paused && c.rewind < 0 && !c.closed && !c.stopped() {
-				c.parked = true
-				c.cond.Broadcast()
-				c.cond.Wait() // a cycle is being cut
-			}
-			c.parked = false
-			if c.rewind >= 0 {
-				c.mu.Unlock()
-				release()
-				continue // fetched before the seek back: discarded
-			}
-			if c.stopped() {
-				// Fetching stopped (revoke, failure) while this record
-				// waited: it is left to the next reader. Handed out now,
-				// after the drain, it could reach a group that no longer
-				// delivers it and stay unresolved below the final cycle's
-				// commit point. Nor may it be handed out while a cycle is
-				// paused (a regular cycle can still be waiting for its cut
-				// when a revoke stops fetching): it lies at or after the
-				// cycle's commit point, the agents would apply it to the
-				// table caches before the cut, and the cycle would commit
-				// its effects with an offset below it, so that the next
-				// owner processes it again (counted twice).
-				c.mu.Unlock()
-				release()
-				continue
-			}
-			if c.closed {
-				// Not reached (Close comes after Open returned); neither
-				// handed out (a cycle may be paused) nor skipped (a gap
-				// would be committed past): the stream ends.
-				c.mu.Unlock()
-				release()
-				return fmt.Errorf("%s: producer closed while reading", pt.key)
-			}
-			c.wm.Fetched(m.Offset)
-			c.nextFetch = m.Offset + 1
-			c.handed++
-			pl := payload{offset: m.Offset, epoch: c.epoch}
-			c.mu.Unlock()
-			release()
-			rec := &source.Record{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Timestamp: m.Timestamp}
-			for _, h := range m.Headers {
-				if h != nil {
-					rec.Headers = append(rec.Headers, source.Header{Key: h.Key, Value: h.Value})
+			// Take what else is waiting, without blocking: the batch ends
+			// at the first empty receive (or a closed channel, seen on
+			// the next loop).
+			msgBatch = append(msgBatch[:0], m)
+		drain:
+			for len(msgBatch) < maxEmitBatch {
+				select {
+				case m, ok := <-msgs:
+					if !ok {
+						break drain
+					}
+					msgBatch = append(msgBatch, m)
+				default:
+					break drain
 				}
 			}
-			if err := emit(rec, pl); err != nil {
+			// ExactlyOnce: a batch is handed out only inside an open
+			// transaction and never while a cycle runs (txnCycles); one
+			// hold of the gate covers the registration of the whole batch.
+			release, ok := pt.w.txn.handOut(ctx, c.stop)
+			if !ok {
+				clear(msgBatch)
+				continue // stopping: the batch is left to the next reader
+			}
+			err := c.emitFetched(msgBatch, batch, release, emit)
+			clear(msgBatch)
+			if err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// emitFetched registers fetched messages as handed out and fans them out in
+// one batch (batch is scratch space). The caller holds the transaction's
+// hand-out gate (txnCycles.handOut); emitFetched calls release once the
+// batch is registered, or discarded, before fanning it out. While a cycle is
+// being cut the whole batch waits; a seek back, or fetching stopped in the
+// meantime, discards it.
+func (c *claimProducer) emitFetched(msgs []*sarama.ConsumerMessage, batch []source.Emit, release func(), emit func([]source.Emit) error) error {
+	c.mu.Lock()
+	for c.paused && c.rewind < 0 && !c.closed && !c.stopped() {
+		c.parked = true
+		c.cond.Broadcast()
+		c.cond.Wait() // a cycle is being cut
+	}
+	c.parked = false
+	if c.rewind >= 0 {
+		c.mu.Unlock()
+		release()
+		return nil // fetched before the seek back: discarded
+	}
+	if c.stopped() {
+		// Fetching stopped (revoke, failure) while the batch waited: it
+		// is left to the next reader. Handed out now, after the drain, it
+		// could reach a group that no longer delivers it and stay
+		// unresolved below the final cycle's commit point. Nor may it be
+		// handed out while a cycle is paused (a regular cycle can still be
+		// waiting for its cut when a revoke stops fetching): it lies at or
+		// after the cycle's commit point, the agents would apply it to the
+		// table caches before the cut, and the cycle would commit its
+		// effects with an offset below it, so that the next owner
+		// processes it again (counted twice).
+		c.mu.Unlock()
+		release()
+		return nil
+	}
+	if c.closed {
+		// Not reached (Close comes after Open returned); neither handed
+		// out (a cycle may be paused) nor skipped (a gap would be
+		// committed past): the stream ends.
+		c.mu.Unlock()
+		release()
+		return fmt.Errorf("%s: producer closed while reading", c.pt.key)
+	}
+	for _, m := range msgs {
+		c.wm.Fetched(m.Offset)
+	}
+	last := msgs[len(msgs)-1]
+	c.nextFetch = last.Offset + 1
+	c.handed += int64(len(msgs))
+	pl := c.epoch
+	c.mu.Unlock()
+	release()
+	batch = batch[:0]
+	// One allocation for the batch's records: a record already keeps its
+	// fetch's buffer alive through its key and value.
+	recs := make([]source.Record, len(msgs))
+	for i, m := range msgs {
+		rec := &recs[i]
+		*rec = source.Record{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Timestamp: m.Timestamp}
+		for _, h := range m.Headers {
+			if h != nil {
+				rec.Headers = append(rec.Headers, source.Header{Key: h.Key, Value: h.Value})
+			}
+		}
+		batch = append(batch, source.Emit{Record: rec, Payload: pl})
+	}
+	err := emit(batch)
+	clear(batch)
+	return err
 }
 
 // seek (re)starts reading the partition at offset with the producer's own
@@ -846,15 +925,27 @@ func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem)
 			pt.w.metrics.advanced(pt.topic, pt.agentNames(), resolved)
 		}
 	}()
-	for i := range batch {
-		it := &batch[i]
-		pl, _ := it.Payload.(payload)
+	for i := 0; i < len(batch); i++ {
+		// Clean records of the current epoch, the common case, resolve in
+		// runs under one lock; the first other one leaves the run.
 		c.mu.Lock()
-		stale := pl.epoch != c.epoch
-		c.mu.Unlock()
-		if stale {
-			continue
+		for ; i < len(batch); i++ {
+			it := &batch[i]
+			if it.Payload != any(c.epoch) {
+				continue // fetched before a seek back: stale
+			}
+			if !it.Outcome.Clean() {
+				break
+			}
+			pt.forget(it.Record.Offset)
+			c.wm.Resolved(it.Record.Offset)
+			resolved++
 		}
+		c.mu.Unlock()
+		if i == len(batch) {
+			break
+		}
+		it := &batch[i]
 		off := it.Record.Offset
 		failed := !it.Outcome.Clean() && (it.Outcome.Failed > 0 || it.Outcome.Rejected == 0)
 		if !failed && it.Outcome.Rejected > 0 {
@@ -1032,7 +1123,7 @@ func (c *claimProducer) skipControl() {
 // offset (unless fetching stopped).
 func (c *claimProducer) seekBack(offset int64) {
 	c.mu.Lock()
-	c.epoch++
+	c.epoch = &epoch{n: c.epoch.n + 1}
 	c.rewind = offset
 	c.wm.Reset(offset)
 	c.nextFetch = offset

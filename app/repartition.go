@@ -6,8 +6,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/runnel-dev/runnel/table"
 	"github.com/runnel-dev/runnel/topology"
 )
 
@@ -15,13 +15,8 @@ import (
 // records of repartition topics keep the timestamp of the record they were
 // derived from. The record goes through the worker's producer like every
 // sink record (so it is bound to its event the same way).
-func (w *Worker) sendAt(topic string, p int32, key, value []byte, ts time.Time, done func(int64, error)) error {
-	return w.producer.Send(&sarama.ProducerMessage{Topic: topic, Partition: p, Key: bytesOrNil(key), Value: bytesOrNil(value), Timestamp: ts},
-		func(_ int32, off int64, err error) {
-			if done != nil {
-				done(off, err)
-			}
-		})
+func (w *Worker) sendAt(topic string, p int32, key, value []byte, ts time.Time, ack table.Acker) error {
+	return w.producer.SendRecordAt(topic, p, key, value, ts, ack)
 }
 
 // topicSpec is the creation spec of a declared topic. A repartition topic

@@ -57,10 +57,11 @@ func newTxnCycles(w *Worker) *txnCycles {
 	return &txnCycles{w: w, wake: make(chan struct{}, 1), pending: map[*taskRun]struct{}{}, opened: make(chan struct{})}
 }
 
-// handOut is held by a source while it hands out one record (see the
-// invariants): it waits until a transaction is open and no cycle runs, and
-// returns the release. It returns false, holding nothing, when ctx ends or
-// stop closes first. Nil-safe: without ExactlyOnce it holds nothing.
+// handOut is held by a source while it hands out one record or one fetched
+// batch (registers it as handed out; see the invariants): it waits until a
+// transaction is open and no cycle runs, and returns the release. It returns
+// false, holding nothing, when ctx ends or stop closes first. Nil-safe:
+// without ExactlyOnce it holds nothing.
 func (x *txnCycles) handOut(ctx context.Context, stop <-chan struct{}) (func(), bool) {
 	if x == nil {
 		return func() {}, true

@@ -318,13 +318,8 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		go func() { defer close(loopDone); w.txn.loop(lctx) }()
 		closers = append(closers, func() error { stopLoop(); <-loopDone; return nil })
 	}
-	send := func(topic string, p int32, key, value []byte, done func(int64, error)) error {
-		return w.producer.Send(&sarama.ProducerMessage{Topic: topic, Partition: p, Key: bytesOrNil(key), Value: bytesOrNil(value)},
-			func(_ int32, off int64, err error) {
-				if done != nil {
-					done(off, err)
-				}
-			})
+	send := func(topic string, p int32, key, value []byte, ack table.Acker) error {
+		return w.producer.SendRecord(topic, p, key, value, ack)
 	}
 	sendChangelog := func(topic string, p int32, key, value []byte, hs []table.Header, done func(int64, error)) error {
 		m := &sarama.ProducerMessage{Topic: topic, Partition: p, Key: bytesOrNil(key), Value: bytesOrNil(value)}

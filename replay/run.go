@@ -437,9 +437,9 @@ loop:
 // states, a sink that drops (and counts) every record, and the gate.
 func replayEnv(p *part, target Target, partitions int32) (*table.Env, error) {
 	env := &table.Env{States: map[string]*table.State{}, InFlight: &table.InFlight{}, Replay: p.gate}
-	env.Send = func(_ string, _ int32, _, _ []byte, done func(int64, error)) error {
+	env.Send = func(_ string, _ int32, _, _ []byte, ack table.Acker) error {
 		p.suppressed.Add(1)
-		done(-1, nil)
+		ack.Acked(-1, nil)
 		return nil
 	}
 	for _, d := range target.Tables {

@@ -43,7 +43,7 @@ type Env struct {
 	// SendAt, when set, is Send with the record's timestamp (zero: the
 	// producer's clock); repartition topics use it to keep the source
 	// record's event time.
-	SendAt func(topic string, p int32, key, value []byte, ts time.Time, done func(offset int64, err error)) error
+	SendAt func(topic string, p int32, key, value []byte, ts time.Time, ack Acker) error
 	// StreamTime, when set, is advanced by the agents of one source
 	// partition to the timestamp of every record they receive: the
 	// partition's stream time, which stream-time timers follow.
@@ -375,9 +375,24 @@ type Header struct{ Key, Value []byte }
 // (value nil is a tombstone) and reports the broker's answer to done.
 type ChangelogSendFunc func(topic string, p int32, key, value []byte, headers []Header, done func(offset int64, err error)) error
 
-// SendFunc produces one changelog record to partition p (value nil is a
-// tombstone) and reports the broker's answer to done.
-type SendFunc func(topic string, p int32, key, value []byte, done func(offset int64, err error)) error
+// SendFunc produces one derived record (a sink record) to partition p of
+// topic (value nil is a tombstone) and reports the broker's answer to ack,
+// exactly once, unless it returns an error (then ack is never called). ack is
+// an interface rather than a func so that a sink record costs no closure.
+type SendFunc func(topic string, p int32, key, value []byte, ack Acker) error
+
+// Acker receives the broker's answer for one produced record: the record's
+// offset and a nil error once the broker acknowledged it (acks=all), or the
+// error after the producer's retries.
+type Acker interface {
+	Acked(offset int64, err error)
+}
+
+// AckFunc adapts a func to Acker.
+type AckFunc func(offset int64, err error)
+
+// Acked implements Acker.
+func (f AckFunc) Acked(offset int64, err error) { f(offset, err) }
 
 // DefaultCacheBytes is the size of one table partition's write cache (keys
 // and values of the current cycle's writes, plus 64 bytes per entry) at which

@@ -60,14 +60,23 @@ import (
 //	factory-error name|none     the factory returns the named error from now on
 //	lane error-at=OFF error=name | lane not-comparable
 //	logged                      whether the log holds the input text
+//
+// Every file runs twice: with a per-record poll loop (Producer.Open) and with
+// a batch poll loop (BatchProducer.OpenBatch) emitting each record as a batch
+// of one, so the batch path keeps every scenario's outcome (batches of many
+// records: batch_test.go).
 func TestScenarios(t *testing.T) {
-	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
-		synctest.Test(t, func(t *testing.T) {
-			s := &script{t: t}
-			defer s.finish()
-			datadriven.RunTest(t, path, s.run)
+	for _, batch := range []bool{false, true} {
+		t.Run(map[bool]string{false: "record", true: "batch"}[batch], func(t *testing.T) {
+			datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+				synctest.Test(t, func(t *testing.T) {
+					s := &script{t: t, batch: batch}
+					defer s.finish()
+					datadriven.RunTest(t, path, s.run)
+				})
+			})
 		})
-	})
+	}
 }
 
 // script is the state of one testdata file: the current scenario's harness
@@ -76,6 +85,7 @@ type script struct {
 	t     *testing.T
 	h     *harness
 	start time.Time
+	batch bool // the producers are BatchProducers
 
 	subs       map[string]*Subscription
 	deliveries map[string]*Delivery // "a@0", "a@p1@20"
@@ -155,7 +165,7 @@ func (s *script) do(t *testing.T, d *datadriven.TestData) string {
 				d.Fatalf(t, "unknown argument %s", a.Key)
 			}
 		}
-		h = &harness{t: t, in: make(chan fakeItem, 1<<12), log: &bytes.Buffer{}}
+		h = &harness{t: t, in: make(chan fakeItem, 1<<12), log: &bytes.Buffer{}, batch: s.batch}
 		cfg.Logger = slog.New(slog.NewTextHandler(lockedWriter{w: h.log, mu: &h.mu}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		m, err := NewManager(cfg)
 		if err != nil {

@@ -8,7 +8,9 @@
 // registered at that moment (the snapshot); the record is resolved when every
 // snapshot member resolved it (acked, failed or rejected), and the producer is
 // asked to Advance the longest contiguous resolved prefix of each lane, in
-// fan-out order, never two Advance calls at a time.
+// fan-out order, never two Advance calls at a time. A BatchProducer hands
+// over the records it has at hand in one emit (one group lock and one clock
+// read per batch); the outcome is that of one emit per record.
 //
 // The semantics follow Apache Airflow's shared-stream triggers with a
 // producer-side ack channel (v3, airflow-core/src/airflow/triggers/shared_stream.py);

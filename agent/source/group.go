@@ -121,9 +121,13 @@ func (s *subscriber) qlen() int { return len(s.queue) - s.qhead }
 
 func (s *subscriber) push(it queueItem) {
 	s.queue = append(s.queue, it)
-	select {
-	case s.notify <- struct{}{}:
-	default:
+	// Next waits on notify only after it found the queue empty under
+	// g.mu, so only the push that ends an empty queue needs to wake it.
+	if s.qlen() == 1 {
+		select {
+		case s.notify <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -200,6 +204,9 @@ type group struct {
 	// recycled at the next harvest.
 	popped, advanced []*entry
 	batch            []AdvanceItem
+	// batchKeys holds the lanes of the batch being emitted; owned by the
+	// poll goroutine.
+	batchKeys []any
 }
 
 // maxFree bounds the entry free list of a group.
@@ -323,7 +330,11 @@ func (g *group) run() {
 		defer close(pumpDone)
 		g.pump()
 	}()
-	err = p.Open(g.ctx, g.emit)
+	if bp, ok := p.(BatchProducer); ok {
+		err = bp.OpenBatch(g.ctx, g.emitBatch)
+	} else {
+		err = p.Open(g.ctx, g.emit)
+	}
 	g.pollEnded(err)
 	// The group is now stopping or terminal and g.ctx is cancelled.
 	<-scanDone
@@ -442,13 +453,8 @@ func (g *group) emit(rec *Record, payload any) error {
 			return err
 		}
 	}
-	key, err := g.producer.Lane(payload)
-	if err == nil {
-		err = comparableLane(key)
-	}
+	key, err := g.lane(rec, payload)
 	if err != nil {
-		err = fmt.Errorf("shared stream %q: lane of record %s[%d]@%d: %w", g.key, rec.Topic, rec.Partition, rec.Offset, err)
-		g.terminate(err)
 		return err
 	}
 	// The fan-out time is read before taking g.mu (the clock read is the
@@ -465,6 +471,68 @@ func (g *group) emit(rec *Record, payload any) error {
 	if waited {
 		created = g.m.now()
 	}
+	g.emitLocked(rec, payload, key, created)
+	return nil
+}
+
+// lane returns the ordering lane of a record, terminating the group when the
+// producer cannot give a comparable one.
+func (g *group) lane(rec *Record, payload any) (any, error) {
+	key, err := g.producer.Lane(payload)
+	if err == nil {
+		err = comparableLane(key)
+	}
+	if err != nil {
+		err = fmt.Errorf("shared stream %q: lane of record %s[%d]@%d: %w", g.key, rec.Topic, rec.Partition, rec.Offset, err)
+		g.terminate(err)
+		return nil, err
+	}
+	return key, nil
+}
+
+// emitBatch fans a batch out in ack mode (BatchProducer): every record as
+// emit would, in order, under one lock acquisition unless Backpressure makes
+// it wait for room. The lanes are computed first, off the lock; a lane error
+// terminates the group before any record of the batch is fanned out.
+func (g *group) emitBatch(batch []Emit) error {
+	if !g.live.Load() {
+		if err := g.ctx.Err(); err != nil {
+			return err
+		}
+	}
+	keys := g.batchKeys[:0]
+	for _, it := range batch {
+		key, err := g.lane(it.Record, it.Payload)
+		if err != nil {
+			clear(keys)
+			g.batchKeys = keys[:0]
+			return err
+		}
+		keys = append(keys, key)
+	}
+	defer func() {
+		clear(keys)
+		g.batchKeys = keys[:0]
+	}()
+	created := g.m.now() // see emit: read off the lock, again after a wait
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i, it := range batch {
+		ok, waited := g.waitRoomLocked()
+		if !ok {
+			return g.stoppedErr()
+		}
+		if waited {
+			created = g.m.now()
+		}
+		g.emitLocked(it.Record, it.Payload, keys[i], created)
+	}
+	return nil
+}
+
+// emitLocked fans one record out on lane key; the caller holds g.mu and made
+// sure there is room (waitRoomLocked).
+func (g *group) emitLocked(rec *Record, payload any, key any, created time.Time) {
 	ln := g.lastLane
 	if ln == nil || ln.deleted || ln.key != key {
 		ln = g.laneIdx[key]
@@ -516,7 +584,7 @@ func (g *group) emit(rec *Record, payload any) error {
 		if ln.q[ln.head] == e {
 			g.wakePump()
 		}
-		return nil
+		return
 	}
 	for i := range e.binds {
 		s := e.binds[i].sub
@@ -529,7 +597,6 @@ func (g *group) emit(rec *Record, payload any) error {
 		}
 		s.push(queueItem{rec: rec, e: e, bi: i})
 	}
-	return nil
 }
 
 // newEntryLocked returns a zeroed entry from the free list or a new one.

@@ -20,9 +20,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // fakeItem is one instruction to the fake poll loop: emit a record, or end
 // Open with err.
 type fakeItem struct {
-	rec *Record
-	end bool
-	err error
+	rec  *Record
+	recs []*Record // a batch (BatchProducer only)
+	end  bool
+	err  error
 }
 
 // fakeProducer records everything the manager asks of it and checks the
@@ -56,6 +57,41 @@ func (p *fakeProducer) Open(ctx context.Context, emit func(*Record, any) error) 
 				return err
 			}
 			p.h.emitted.Add(1)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// fakeBatchProducer is the fake producer with a batch poll loop: a record is
+// a batch of one, a fakeItem's recs one batch.
+type fakeBatchProducer struct{ *fakeProducer }
+
+func (p fakeBatchProducer) OpenBatch(ctx context.Context, emit func([]Emit) error) error {
+	p.mu.Lock()
+	p.opened++
+	p.mu.Unlock()
+	for {
+		select {
+		case it := <-p.h.in:
+			if it.end {
+				return it.err
+			}
+			recs := it.recs
+			if it.rec != nil {
+				recs = []*Record{it.rec}
+			}
+			batch := make([]Emit, len(recs))
+			for i, r := range recs {
+				batch[i] = Emit{Record: r, Payload: r}
+			}
+			if err := emit(batch); err != nil {
+				p.mu.Lock()
+				p.emitErrs = append(p.emitErrs, err)
+				p.mu.Unlock()
+				return err
+			}
+			p.h.emitted.Add(len(recs))
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -150,6 +186,7 @@ type harness struct {
 
 	laneFn  func(*Record) (any, error)
 	emitted countBox
+	batch   bool // the factory builds BatchProducers
 
 	mu          sync.Mutex
 	producers   []*fakeProducer
@@ -211,6 +248,9 @@ func (h *harness) factory(ctx context.Context) (Producer, error) {
 	}
 	p := &fakeProducer{h: h}
 	h.producers = append(h.producers, p)
+	if h.batch {
+		return fakeBatchProducer{p}, nil
+	}
 	return p, nil
 }
 
@@ -233,6 +273,17 @@ func (h *harness) emitP(part int32, offsets ...int64) {
 	for _, o := range offsets {
 		h.in <- fakeItem{rec: &Record{Topic: "t", Partition: part, Offset: o}}
 	}
+	synctest.Wait()
+}
+
+// emitBatch makes the batch poll loop emit records at the given offsets of
+// partition 0 as one batch and waits until the bubble is idle.
+func (h *harness) emitBatch(offsets ...int64) {
+	recs := make([]*Record, len(offsets))
+	for i, o := range offsets {
+		recs[i] = &Record{Topic: "t", Offset: o}
+	}
+	h.in <- fakeItem{recs: recs}
 	synctest.Wait()
 }
 

@@ -28,11 +28,24 @@ func (s *Subscription) ID() string { return s.s.id }
 // Unsubscribe. Once an error other than ctx.Err() is returned, every later
 // call returns it too.
 func (s *Subscription) Next(ctx context.Context) (*Delivery, error) {
-	sub := s.s
-	g := sub.g
 	// Allocated before taking the group lock, which the poll loop contends
 	// for; unused (garbage) when Next returns an error.
-	d := &Delivery{s: sub}
+	d := &Delivery{}
+	if err := s.NextInto(ctx, d); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// NextInto is Next writing the delivery into d, so that a subscriber can
+// allocate it inside its own per-record value (the agent's event) instead of
+// once more per record. d must be a zero Delivery that was never passed to
+// NextInto before: a delivery's address names its binding window. On an error
+// d is left unused.
+func (s *Subscription) NextInto(ctx context.Context, d *Delivery) error {
+	sub := s.s
+	g := sub.g
+	d.s = sub
 	g.mu.Lock()
 	if sub.win != nil {
 		// Close the previous window and open the next one in one
@@ -43,14 +56,14 @@ func (s *Subscription) Next(ctx context.Context) (*Delivery, error) {
 			g.deliverLocked(sub, d)
 			sub.mu.Unlock()
 			g.mu.Unlock()
-			return d, nil
+			return nil
 		}
 		sub.mu.Unlock()
 	}
 	for {
 		if sub.gone {
 			g.mu.Unlock()
-			return nil, ErrUnsubscribed
+			return ErrUnsubscribed
 		}
 		if sub.qlen() > 0 {
 			if g.ack {
@@ -61,18 +74,18 @@ func (s *Subscription) Next(ctx context.Context) (*Delivery, error) {
 				g.deliverLocked(sub, d)
 			}
 			g.mu.Unlock()
-			return d, nil
+			return nil
 		}
 		if sub.err != nil {
 			err := sub.err
 			g.mu.Unlock()
-			return nil, err
+			return err
 		}
 		g.mu.Unlock()
 		select {
 		case <-sub.notify:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 		g.mu.Lock()
 	}

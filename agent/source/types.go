@@ -78,6 +78,32 @@ type Producer interface {
 	Close() error
 }
 
+// Emit is one record of a batch handed to a BatchProducer's emit: the record
+// and its broker payload, as the two arguments of Producer.Open's emit.
+type Emit struct {
+	Record  *Record
+	Payload any
+}
+
+// BatchProducer is a Producer whose poll loop hands over the records it has
+// at hand in one call (a Kafka fetch hands them out by the hundred): one lock
+// acquisition, one clock read and at most one wake-up per subscriber for the
+// whole batch instead of one each per record. The manager calls OpenBatch
+// instead of Open.
+type BatchProducer interface {
+	Producer
+	// OpenBatch is Open with a batch emit: emit fans out batch in order, as
+	// many emit calls of one record each would, and returns the first error
+	// such a call would return (ctx.Err(), the group's terminal error). On
+	// an error, a prefix of the batch may have been fanned out and the rest
+	// was not; the producer must treat the rest as never delivered (the
+	// records stay unresolved and are fetched again by the next owner).
+	// Under Backpressure emit waits for room record by record, so a batch
+	// longer than a subscriber queue is fine. emit keeps no reference to
+	// the batch slice after it returns (the producer may reuse it).
+	OpenBatch(ctx context.Context, emit func(batch []Emit) error) error
+}
+
 // ProducerFactory builds the producer of a group. It is called once per group,
 // after the cohort grace period, with a context cancelled when the group stops.
 type ProducerFactory func(ctx context.Context) (Producer, error)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/IBM/sarama"
 )
@@ -55,11 +56,25 @@ func NewProducer(client sarama.Client) (*Producer, error) {
 }
 
 func (p *Producer) report(m *sarama.ProducerMessage, err error) {
-	if f, ok := m.Metadata.(DeliveryFunc); ok && f != nil {
+	switch md := m.Metadata.(type) {
+	case DeliveryFunc:
+		if md != nil {
+			if err != nil {
+				err = fmt.Errorf("produce %s[%d]: %w", m.Topic, m.Partition, err)
+			}
+			md(m.Partition, m.Offset, err)
+		}
+	case *pooledMsg:
 		if err != nil {
 			err = fmt.Errorf("produce %s[%d]: %w", m.Topic, m.Partition, err)
 		}
-		f(m.Partition, m.Offset, err)
+		ack := md.ack
+		off := m.Offset
+		// Sarama is done with a message it returned: the next record
+		// reuses it.
+		*md = pooledMsg{}
+		msgPool.Put(md)
+		ack.Acked(off, err)
 	}
 	p.mu.Lock()
 	p.inFlight--
@@ -86,6 +101,59 @@ func (p *Producer) Send(msg *sarama.ProducerMessage, done DeliveryFunc) error {
 	p.mu.Unlock()
 	msg.Metadata = done
 	p.ap.Input() <- msg
+	return nil
+}
+
+// Acker receives the broker's answer for one record sent with SendRecord:
+// its offset, or the error after Sarama's retries. It runs on the producer's
+// delivery goroutine and must not block for long.
+type Acker interface {
+	Acked(offset int64, err error)
+}
+
+// pooledMsg is the message of one SendRecord, with the key and value
+// encoders it points at and the receiver of its answer: one pooled value per
+// record instead of a message, two boxed encoders and a closure.
+type pooledMsg struct {
+	msg        sarama.ProducerMessage
+	key, value sarama.ByteEncoder
+	ack        Acker
+}
+
+var msgPool = sync.Pool{New: func() any { return new(pooledMsg) }}
+
+// SendRecord queues one record for partition p of topic (key or value nil:
+// absent, a nil value is a tombstone) like Send; ack (not nil) gets its
+// answer. key and value must not change until the answer.
+func (p *Producer) SendRecord(topic string, partition int32, key, value []byte, ack Acker) error {
+	return p.SendRecordAt(topic, partition, key, value, time.Time{}, ack)
+}
+
+// SendRecordAt is SendRecord with the record's timestamp ts (zero: the
+// producer's clock).
+func (p *Producer) SendRecordAt(topic string, partition int32, key, value []byte, ts time.Time, ack Acker) error {
+	m := msgPool.Get().(*pooledMsg)
+	m.msg.Topic, m.msg.Partition, m.msg.Timestamp = topic, partition, ts
+	if key != nil {
+		m.key = key
+		m.msg.Key = &m.key
+	}
+	if value != nil {
+		m.value = value
+		m.msg.Value = &m.value
+	}
+	m.ack = ack
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		*m = pooledMsg{}
+		msgPool.Put(m)
+		return ErrProducerClosed
+	}
+	p.inFlight++
+	p.mu.Unlock()
+	m.msg.Metadata = m
+	p.ap.Input() <- &m.msg
 	return nil
 }
 
