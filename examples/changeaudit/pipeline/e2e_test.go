@@ -111,12 +111,30 @@ func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return le
 
 func assertTable(t *testing.T, name string, got map[string]any, want map[string]int64) {
 	t.Helper()
+	assertCounts(t, name, got, want, false)
+}
+
+// assertCounts compares a table with counts made from the file. With
+// atLeast, a count above the file's is logged, not failed: the table counts
+// an intermediate topic, whose records a worker may produce twice under
+// at-least-once (a final commit cycle that did not complete before a
+// hand-over: the next owner processes the source records again). A count
+// below is lost data under either guarantee.
+func assertCounts(t *testing.T, name string, got map[string]any, want map[string]int64, atLeast bool) {
+	t.Helper()
 	if len(got) != len(want) {
 		t.Errorf("%s: %d keys, want %d", name, len(got), len(want))
 	}
-	bad := 0
+	bad, over := 0, 0
 	for k, w := range want {
-		if g, ok := got[k].(int64); !ok || g != w {
+		g, ok := got[k].(int64)
+		if ok && g > w && atLeast {
+			if over++; over <= 3 {
+				t.Logf("%s[%s] = %d, file %d: counted again (at-least-once, intermediate topic)", name, k, g, w)
+			}
+			continue
+		}
+		if !ok || g != w {
 			if bad++; bad <= 5 {
 				t.Errorf("%s[%s] = %v, want %d", name, k, got[k], w)
 			}
@@ -125,13 +143,33 @@ func assertTable(t *testing.T, name string, got map[string]any, want map[string]
 	if bad > 5 {
 		t.Errorf("%s: %d keys wrong in all", name, bad)
 	}
+	if over > 0 {
+		t.Logf("%s: %d keys counted again in all", name, over)
+	}
+}
+
+// atLeastOnce says the tests run under at-least-once (the default; the
+// RUNNEL_GUARANTEE environment variable overrides the app's option).
+func atLeastOnce(t *testing.T) bool {
+	t.Helper()
+	s := os.Getenv("RUNNEL_GUARANTEE")
+	if s == "" {
+		return true
+	}
+	g, err := app.ParseGuarantee(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g == app.AtLeastOnce
 }
 
 func assertAll(t *testing.T, tables map[string]map[string]any, e expected) {
 	t.Helper()
 	assertTable(t, "commits-per-actor", tables["commits-per-actor"], e.commits)
 	assertTable(t, "lines-per-actor", tables["lines-per-actor"], e.lines)
-	assertTable(t, "events-per-dir", tables["events-per-dir"], e.dirs)
+	// events-per-dir counts the changes-by-dir topic, which the first
+	// agent produces: exact under exactly-once, at least exact otherwise.
+	assertCounts(t, "events-per-dir", tables["events-per-dir"], e.dirs, atLeastOnce(t))
 }
 
 // TestWholeFileTwoWorkers loads the whole real file, processes it with two
