@@ -566,8 +566,12 @@ type claimProducer struct {
 
 	// pc is the own PartitionConsumer, owned by the poll goroutine until
 	// Open returns; Close closes it.
-	pc      sarama.PartitionConsumer
-	usedClm bool // the poll loop took the claim's channel
+	pc sarama.PartitionConsumer
+	// usedClm says the poll loop took the claim's channel. Written by the
+	// poll goroutine with mu held (a cycle's skipControl reads it under mu
+	// while the poll loop may be starting); the poll goroutine and Close
+	// (after Open returned) read it without.
+	usedClm bool
 
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -691,7 +695,9 @@ func (c *claimProducer) OpenBatch(ctx context.Context, emit func([]source.Emit) 
 	var msgs <-chan *sarama.ConsumerMessage
 	if c.from < 0 {
 		msgs = pt.feed.take()
+		c.mu.Lock()
 		c.usedClm = msgs != nil
+		c.mu.Unlock()
 	}
 	if msgs == nil {
 		start := c.from
