@@ -40,7 +40,7 @@ func chaosShort(t *testing.T, guarantee string) {
 	cfg := Config{Guarantee: guarantee, Plan: plan, Limit: limit, Rounds: rounds, Rate: rate,
 		Input: filepath.Join("..", "..", "examples", "changeaudit", "testdata", "git-history.jsonl.gz"),
 		Dir:   t.TempDir(), Session: 2 * time.Second, CommitInterval: time.Second, LagTimeout: 3 * time.Minute,
-		Race: raceEnabled, Logf: t.Logf, Seed: rand.Uint64() % 1e9}
+		Race: raceEnabled, Logf: t.Logf, Seed: rand.Uint64() % 1e9, BadValues: true}
 	if s := os.Getenv("CHAOS_SEED"); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {

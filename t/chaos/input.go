@@ -30,10 +30,83 @@ type event struct {
 }
 
 // inputRecord is one record to produce: the key (the actor, as the app's
-// `send --key-field actor` would) and the JSON line.
+// `send --key-field actor` would) and the JSON line. bad names the kind of a
+// bad value (badValues); it goes out as the header chaos-bad, so that the
+// verification tells the injected records from the input's.
 type inputRecord struct {
 	key   string
 	value []byte
+	bad   string
+}
+
+// headerBad marks an injected bad value on the input topic (its kind).
+const headerBad = "chaos-bad"
+
+// badValue is one of the seven bad values of issue #12, as a user's data
+// would hold them. tableKey, when set, is the table key the app derives
+// from the value: the record is keyed so that this table key lies in
+// another partition (the app's count-by-actor agent cannot write it there).
+// undecodable says the value does not decode as a change at all: every
+// agent of the input topic dead-letters it; the others only count-by-actor.
+type badValue struct {
+	kind        string
+	value       []byte
+	tableKey    *string
+	undecodable bool
+}
+
+func ptr(s string) *string { return &s }
+
+// badValues are the seven bad values: JSON null (it once decoded to an
+// empty change whose table key "" lay outside the record's partition; the
+// JSON codec now refuses it), a valid event keyed by another field than its
+// actor (issue #12's two values that once stopped every worker), and five
+// other values that do not decode. The wrong-key event has no dirs, so that
+// it changes nothing but count-by-actor's dead letters.
+var badValues = []badValue{
+	{kind: "json-null", value: []byte("null"), undecodable: true},
+	{kind: "wrong-key", value: []byte(`{"event_id":"chaos-bad-wrong-key","actor":"chaos-bad-actor","added":3,"deleted":4,"dirs":[]}`), tableKey: ptr("chaos-bad-actor")},
+	{kind: "empty", value: []byte{}, undecodable: true},
+	{kind: "truncated", value: []byte(`{"event_id":"chaos-bad-truncated","actor":`), undecodable: true},
+	{kind: "array", value: []byte(`[1,2,3]`), undecodable: true},
+	{kind: "wrong-type", value: []byte(`{"event_id":"chaos-bad-wrong-type","actor":"chaos-bad-actor","added":"many"}`), undecodable: true},
+	{kind: "not-utf8", value: []byte("\xff\xfe\x00\x01 not json"), undecodable: true},
+}
+
+// withBadValues returns recs with the seven bad values spread over the
+// middle of the stream (one after every eighth of it). A value with a table
+// key gets a record key whose partition (of partitions) differs from the
+// table key's; the others are keyed "chaos-bad".
+func withBadValues(recs []inputRecord, partitions int32) []inputRecord {
+	out := make([]inputRecord, 0, len(recs)+len(badValues))
+	next := 0
+	for i, b := range badValues {
+		at := (i + 1) * len(recs) / (len(badValues) + 1)
+		out = append(out, recs[next:at]...)
+		next = at
+		key := "chaos-bad"
+		if b.tableKey != nil {
+			for n := 0; ; n++ {
+				key = fmt.Sprintf("chaos-bad-%d", n)
+				if kafka.PartitionFor([]byte(key), partitions) != kafka.PartitionFor([]byte(*b.tableKey), partitions) {
+					break
+				}
+			}
+		}
+		out = append(out, inputRecord{key: key, value: b.value, bad: b.kind})
+	}
+	return append(out, recs[next:]...)
+}
+
+// badKind returns the kind of an injected bad value (its chaos-bad header),
+// or "".
+func badKind(m *sarama.ConsumerMessage) string {
+	for _, h := range m.Headers {
+		if h != nil && string(h.Key) == headerBad {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
 
 // loadInput reads the JSONL file at path (.gz allowed) and returns rounds
@@ -136,8 +209,12 @@ func (p *producer) produce(ctx context.Context, brokers []string, cfg *sarama.Co
 		end := min(len(recs), i+batch)
 		msgs := make([]*sarama.ProducerMessage, 0, end-i)
 		for _, r := range recs[i:end] {
-			msgs = append(msgs, &sarama.ProducerMessage{Topic: topic, Partition: kafka.PartitionFor([]byte(r.key), partitions),
-				Key: sarama.StringEncoder(r.key), Value: sarama.ByteEncoder(r.value)})
+			m := &sarama.ProducerMessage{Topic: topic, Partition: kafka.PartitionFor([]byte(r.key), partitions),
+				Key: sarama.StringEncoder(r.key), Value: sarama.ByteEncoder(r.value)}
+			if r.bad != "" {
+				m.Headers = []sarama.RecordHeader{{Key: []byte(headerBad), Value: []byte(r.bad)}}
+			}
+			msgs = append(msgs, m)
 		}
 		err := prod.SendMessages(msgs)
 		failed := map[*sarama.ProducerMessage]bool{}

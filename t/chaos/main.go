@@ -66,6 +66,7 @@ func run() int {
 	commit := flag.Duration("commit-interval", time.Second, "worker commit interval")
 	lagTimeout := flag.Duration("lag-timeout", 10*time.Minute, "how long to wait for lag 0 after the schedule")
 	race := flag.Bool("race", false, "build the workers with the race detector")
+	bad := flag.Bool("bad-values", true, "inject the seven bad values of issue #12 mid-stream (each must be dead-lettered)")
 	dir := flag.String("dir", "", "where worker data dirs and logs go (default: a new directory under tmp/chaos of the module; kept)")
 	flag.Parse()
 
@@ -79,7 +80,7 @@ func run() int {
 		plan, lim, rnd, rt = Long()
 	}
 	cfg := Config{Guarantee: *guarantee, Seed: *seed, Plan: plan, Limit: lim, Rounds: rnd, Rate: rt,
-		Input: *input, Race: *race, CommitInterval: *commit, Session: *session, LagTimeout: *lagTimeout,
+		Input: *input, Race: *race, BadValues: *bad, CommitInterval: *commit, Session: *session, LagTimeout: *lagTimeout,
 		Logf: func(f string, a ...any) {
 			fmt.Fprintf(os.Stderr, time.Now().UTC().Format("15:04:05.000 ")+f+"\n", a...)
 		}}

@@ -54,6 +54,10 @@ type Config struct {
 	Session, CommitInterval time.Duration
 	// Race builds the workers with the race detector.
 	Race bool
+	// BadValues injects the seven bad values of issue #12 (badValues) into
+	// the middle of the input; each must end in the dead-letter topics of
+	// the agents that cannot process it, and no worker may stop on one.
+	BadValues bool
 	// LagTimeout bounds the wait for lag 0 after the schedule.
 	LagTimeout time.Duration
 	Logf       func(format string, args ...any)
@@ -125,6 +129,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	p := pipeline.Build(appID, app.WithTopicPrefix(prefix), app.WithBrokers(brokers...))
 	tables := map[string]table.Def{"commits-per-actor": p.CommitsPerActor, "lines-per-actor": p.LinesPerActor, "events-per-dir": p.EventsPerDir}
 	inputTopic, dirTopic := p.Events.Name(), p.ByDir.Name()
+	// The agents of the input topic and their dead-letter topics (checked
+	// when the input holds bad values).
+	deadLetters := map[string]string{}
+	for _, name := range []string{"count-by-actor", "split-by-dir"} {
+		if deadLetters[name] = p.App.DeadLetterTopic(name); deadLetters[name] == "" {
+			return nil, fmt.Errorf("the app has no agent %s (the bad-value check names the input topic's agents)", name)
+		}
+	}
 
 	args := []string{"worker", "--log-level", "info"}
 	if supportsFlag(ctx, bin, "--guarantee") {
@@ -165,6 +177,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
+	if cfg.BadValues {
+		recs = withBadValues(recs, int32(partitions))
+		logf("chaos: %d bad values injected into the input", len(badValues))
+	}
 	prod := &producer{ackedBy: make([]bool, len(recs))}
 	prodDone := make(chan error, 1)
 	pctx, cancelProd := context.WithCancel(ctx)
@@ -266,11 +282,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	rep.Crashes = ws.unexpected()
+	if cfg.BadValues && len(rep.Crashes) > 0 {
+		// Nothing in the schedule makes a worker exit on its own: with bad
+		// values in the input, an exit is the fleet-stopping record of
+		// issue #12 until its log says otherwise.
+		problem("%d workers exited on their own (bad values in the input must be dead-lettered, never stop a worker): %s",
+			len(rep.Crashes), strings.Join(rep.Crashes, "; "))
+	}
 	vctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	logf("chaos: workers stopped; verifying")
 	rows, problems, err := verify(vctx, client, verifyInput{appID: appID, inputTopic: inputTopic, dirTopic: dirTopic, tables: tables,
-		produced: recs, acked: prod.ackedBy, exactlyOnce: cfg.Guarantee == ExactlyOnce, diagDir: cfg.Dir})
+		produced: recs, acked: prod.ackedBy, exactlyOnce: cfg.Guarantee == ExactlyOnce, diagDir: cfg.Dir,
+		deadLetters: deadLetters})
 	if err != nil {
 		return nil, fmt.Errorf("verify: %w", err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -372,6 +373,9 @@ type verifyInput struct {
 	produced    []inputRecord
 	acked       []bool // per produced record
 	exactlyOnce bool
+	// deadLetters names each agent of the input topic's dead-letter topic
+	// (agent name → topic); checked when the input holds bad values.
+	deadLetters map[string]string
 	// diagDir receives diag-<table>.txt (diagnose) for every failing table.
 	diagDir string
 }
@@ -388,7 +392,24 @@ func verify(ctx context.Context, client sarama.Client, vi verifyInput) ([]Row, [
 	wantDir := map[string]map[string]int{}
 	actorOffsets := map[int32]map[string][]int64{} // input offsets per partition and actor, ascending
 	var bad int
+	// The injected bad values as the input topic holds them: per agent, the
+	// source positions ("partition/offset") it must dead-letter.
+	wantDead := map[string]map[string]map[string]int{}
+	for agentName := range vi.deadLetters {
+		wantDead[agentName] = map[string]map[string]int{}
+	}
+	badKinds := map[string]int{}
 	err := consumeAll(ctx, client, vi.inputTopic, func(m *sarama.ConsumerMessage) {
+		if kind := badKind(m); kind != "" {
+			badKinds[kind]++
+			pos := fmt.Sprintf("%d/%d", m.Partition, m.Offset)
+			for agentName, want := range wantDead {
+				if agentName == "count-by-actor" || undecodable(kind) {
+					want[pos] = map[string]int{kind: 1}
+				}
+			}
+			return
+		}
 		var ev event
 		if err := json.Unmarshal(m.Value, &ev); err != nil || string(m.Key) != ev.Actor {
 			bad++
@@ -414,6 +435,9 @@ func verify(ctx context.Context, client sarama.Client, vi verifyInput) ([]Row, [
 	}
 	wantIDs := map[string]map[string]int{}
 	for i, r := range vi.produced {
+		if r.bad != "" {
+			continue // checked in the dead-letter rows
+		}
 		var ev event
 		if err := json.Unmarshal(r.value, &ev); err != nil {
 			return nil, nil, fmt.Errorf("produced record %d: %w", i, err)
@@ -436,6 +460,13 @@ func verify(ctx context.Context, client sarama.Client, vi verifyInput) ([]Row, [
 		inRow.Note += fmt.Sprintf(" %d records do not decode or are keyed by another field", bad)
 	}
 	rows := []Row{inRow}
+	if len(badKinds) > 0 {
+		dead, err := deadLetterRows(ctx, client, vi, wantDead, vi.inputTopic)
+		if err != nil {
+			return nil, nil, err
+		}
+		rows = append(rows, dead...)
+	}
 
 	gotDir := map[string]map[string]int{}
 	dirRecords := map[string]int64{}
@@ -685,4 +716,73 @@ func waitCaughtUp(ctx context.Context, client sarama.Client, group string, topic
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// undecodable says whether the bad value of kind does not decode as a
+// change (every agent of the input dead-letters it).
+func undecodable(kind string) bool {
+	for _, b := range badValues {
+		if b.kind == kind {
+			return b.undecodable
+		}
+	}
+	return false
+}
+
+// deadLetterRows reads each agent's dead-letter topic and compares the
+// source positions of its dead letters (headers runnel-topic,
+// runnel-partition, runnel-offset) with want (agent → position → kind → 1):
+// every bad value the agent cannot process must be there, and nothing else
+// (a good record dead-lettered is a count lost). Under at-least-once a
+// dead letter may be written again when its record is processed again.
+func deadLetterRows(ctx context.Context, client sarama.Client, vi verifyInput, want map[string]map[string]map[string]int, source string) ([]Row, error) {
+	var rows []Row
+	names := make([]string, 0, len(want))
+	for n := range want {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, agentName := range names {
+		topic := vi.deadLetters[agentName]
+		got := map[string]map[string]int{}
+		foreign := 0
+		if err := client.RefreshMetadata(topic); err == nil {
+			err := consumeAll(ctx, client, topic, func(m *sarama.ConsumerMessage) {
+				hs := map[string]string{}
+				for _, h := range m.Headers {
+					if h != nil {
+						hs[string(h.Key)] = string(h.Value)
+					}
+				}
+				if hs[app.HeaderTopic] != source {
+					foreign++
+					return
+				}
+				pos := hs[app.HeaderPartition] + "/" + hs[app.HeaderOffset]
+				kind := "good record"
+				if w, ok := want[agentName][pos]; ok {
+					for k := range w {
+						kind = k
+					}
+				}
+				if got[pos] == nil {
+					got[pos] = map[string]int{}
+				}
+				got[pos][kind]++
+			})
+			if err != nil {
+				return nil, err
+			}
+		} else if !errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+			return nil, fmt.Errorf("dead-letter topic %s: %w", topic, err)
+		}
+		row := compareMultisets(topic, "bad values "+agentName+" cannot process", vi.exactlyOnce, got, want[agentName])
+		row.Note = "(keys: input partition/offset)"
+		if foreign > 0 {
+			row.Wrong += foreign
+			row.Note += fmt.Sprintf(" %d dead letters from another topic", foreign)
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
 }
