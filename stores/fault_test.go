@@ -156,7 +156,9 @@ func fillChild(t *testing.T) {
 	if _, err := fmt.Sscanf(strings.Replace(os.Getenv(fillEnv), ",", " ", 1), "%s %d", &dir, &memTable); err != nil {
 		t.Fatalf("%s: %v", fillEnv, err)
 	}
-	s, err := OpenPebble(dir, PebbleOptions{MemTableSize: memTable})
+	// No free-space reserve: this test is about Pebble's own ENOSPC (the
+	// reserve is TestPebbleMinFreeBytes').
+	s, err := OpenPebble(dir, PebbleOptions{MemTableSize: memTable, MinFreeBytes: -1})
 	must(t, err)
 	var applied, synced int64 = -1, -1
 	var failure error

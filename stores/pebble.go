@@ -75,6 +75,16 @@ type PebbleOptions struct {
 	// FS is the filesystem Pebble uses; default the operating system's
 	// (vfs.Default). Tests inject faults with pebble's vfs/errorfs.
 	FS vfs.FS
+	// MinFreeBytes is the free space, in bytes, the store keeps on its
+	// filesystem: an Apply that finds less free (plus its batch) fails the
+	// store with an error wrapping ErrFailed and syscall.ENOSPC before
+	// Pebble writes anything. Pebble meeting a full disk in its commit path
+	// panics (a failed write-ahead log rotation) and can leave its commit
+	// pipeline locked or abort the process in a deferred unlock; failing
+	// first keeps the database closable and the process alive. Default:
+	// twice MemTableSize (a memtable flush writes up to a memtable of
+	// tables while the log still holds it); negative: no check.
+	MinFreeBytes int64
 }
 
 // Pebble is a Store on one Pebble database at a directory. Each partition's
@@ -105,6 +115,10 @@ type Pebble struct {
 	failed error
 	// failedCh is closed when failed is set.
 	failedCh chan struct{}
+	// fs and minFree serve the free-space check of Apply (MinFreeBytes;
+	// minFree 0: no check). Read-only after OpenPebble.
+	fs      vfs.FS
+	minFree uint64
 }
 
 var _ Store = (*Pebble)(nil)
@@ -133,7 +147,16 @@ func OpenPebble(dir string, opts PebbleOptions) (*Pebble, error) {
 	if opts.FS != nil {
 		po.FS = opts.FS
 	}
-	p := &Pebble{dir: dir}
+	p := &Pebble{dir: dir, fs: vfs.Default}
+	if opts.FS != nil {
+		p.fs = opts.FS
+	}
+	switch {
+	case opts.MinFreeBytes > 0:
+		p.minFree = uint64(opts.MinFreeBytes)
+	case opts.MinFreeBytes == 0:
+		p.minFree = 2 * po.MemTableSize
+	}
 	p.idle = sync.NewCond(&p.mu)
 	logger := po.Logger
 	po.Logger = fatalLogger{Logger: logger, p: p}
@@ -443,6 +466,9 @@ func (p *Pebble) Apply(partition int32, b *Batch) (err error) {
 		size += 11 + prefixLen + len(mk.Key) + 8
 		maxKey = max(maxKey, len(mk.Key))
 	}
+	if err := p.checkFree(size); err != nil {
+		return err
+	}
 	pb := p.db.NewBatchWithSize(size)
 	defer pb.Close()
 	// Batch.Set and Batch.Delete copy key and value, so one key buffer serves.
@@ -478,6 +504,22 @@ func (p *Pebble) Apply(partition int32, b *Batch) (err error) {
 		return fmt.Errorf("apply [%d] in %s: %w", partition, p.dir, err)
 	}
 	return nil
+}
+
+// checkFree fails the store when its filesystem has less than minFree plus
+// size bytes free (MinFreeBytes). A filesystem that cannot tell (an
+// in-memory one) is not checked.
+func (p *Pebble) checkFree(size int) error {
+	if p.minFree == 0 {
+		return nil
+	}
+	du, err := p.fs.GetDiskUsage(p.dir)
+	if err != nil || du.AvailBytes >= p.minFree+uint64(size) {
+		return nil
+	}
+	p.fail(fmt.Errorf("%d bytes free on the filesystem, below the %d the store keeps (MinFreeBytes) plus a %d-byte batch: %w",
+		du.AvailBytes, p.minFree, size, syscall.ENOSPC))
+	return p.Err()
 }
 
 // Offset implements Store.

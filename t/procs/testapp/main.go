@@ -3,7 +3,8 @@
 // prints a JSON line on stdout whenever its assignment or what it runs
 // changes (including its restore counts). Environment: RUNNEL_BROKERS, PROCS_APP (app ID), PROCS_TOPIC
 // (topic name), PROCS_DIR (data dir), PROCS_EAGER=1 for the eager protocol,
-// PROCS_INSTANCE for static membership (app.WithInstanceID).
+// PROCS_INSTANCE for static membership (app.WithInstanceID), PROCS_FILL=1 for
+// a second table holding each key's last value.
 package main
 
 import (
@@ -57,7 +58,7 @@ func run() error {
 		app.WithReplicas(1),
 		app.WithGroupTimeouts(3*time.Second, 100*time.Millisecond, 5*time.Second, 100*time.Millisecond),
 		app.WithCommitInterval(200 * time.Millisecond),
-		app.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
+		app.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()}))),
 	}
 	if id := os.Getenv("PROCS_INSTANCE"); id != "" {
 		opts = append(opts, app.WithInstanceID(id))
@@ -68,10 +69,21 @@ func run() error {
 	a := app.New(os.Getenv("PROCS_APP"), opts...)
 	in := app.Topic(a, os.Getenv("PROCS_TOPIC"), codec.String(), codec.String(), app.Partitions(6))
 	counts := table.New(a, "counts", codec.String(), codec.DecimalInt64(), table.Partitions(6))
+	// PROCS_FILL=1: a second table keeps each key's last value, so that
+	// large values fill the data dir (the disk-full test).
+	var last *table.Table[string, string]
+	if os.Getenv("PROCS_FILL") == "1" {
+		last = table.New(a, "last", codec.String(), codec.String(), table.Partitions(6))
+	}
 	agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
 			if _, err := counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
 				return err
+			}
+			if last != nil {
+				if err := last.Set(ev, ev.Key, ev.Value); err != nil {
+					return err
+				}
 			}
 		}
 		return s.Err()
@@ -97,4 +109,13 @@ func run() error {
 		}
 	}()
 	return w.Run(ctx)
+}
+
+// logLevel is PROCS_LOG_LEVEL (debug, info, warn, error), warn by default.
+func logLevel() slog.Level {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(os.Getenv("PROCS_LOG_LEVEL"))); err != nil {
+		return slog.LevelWarn
+	}
+	return l
 }
