@@ -239,6 +239,16 @@ func connect(ctx context.Context, sec kafka.Security, brokers []string, clientID
 	}
 	v, err := kafkaversion.Detect(dctx, brokers, kafka.Base(clientID, sec))
 	if err != nil {
+		// A broker that refuses the credentials may just close the
+		// connection (kfake does; Kafka answers SaslAuthenticate with an
+		// error first): if it answers ApiVersions without SASL (allowed
+		// before authentication, KIP-43), the credentials were refused.
+		if sec.SASL.Mechanism != "" {
+			plain := kafka.Security{TLS: sec.TLS}
+			if _, perr := kafkaversion.Detect(dctx, brokers, kafka.Base(clientID, plain)); perr == nil {
+				return nil, nil, fmt.Errorf("connect to %s: SASL authentication failed: the brokers answer but refuse %s (check the mechanism, user and password): %w", where, sec.SASL, err)
+			}
+		}
 		return nil, nil, fmt.Errorf("connect to %s: %w", where, err)
 	}
 	c := kafka.NewSecureConfig(clientID, v, t, sec)
