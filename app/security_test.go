@@ -34,18 +34,22 @@ import (
 	"github.com/runnel-dev/runnel/table"
 )
 
-// These tests run a real worker against kfake brokers that require SASL,
-// TLS (with client certificates) or both, and check that it counts every
-// record exactly; kfake refuses any request of a connection that did not
+// These tests run a real worker against brokers that require SASL, TLS
+// (with client certificates) or both, and check that it counts every record
+// exactly; the brokers refuse any request of a connection that did not
 // authenticate, so a client Runnel opened without the settings would fail
-// the test.
+// the test. The brokers are kfake clusters started per test, or on the real
+// tier (testbroker.Real) with `scripts/kafka start --secure` running, its
+// SASL_PLAINTEXT, SSL and SASL_SSL listeners (the variables of
+// `scripts/kafka secure-env`, which scripts/ci-kafka.sh exports with
+// RUNNEL_KAFKA_SECURE=1).
 
 const (
-	secUser     = "runnel-app"
-	secPassword = "s3cret-not-in-logs"
-	secKeys     = 16
-	secPerKey   = 25
-	secParts    = 4
+	kfakeUser     = "runnel-app"
+	kfakePassword = "s3cret-not-in-logs"
+	secKeys       = 16
+	secPerKey     = 25
+	secParts      = 4
 )
 
 // testPKI is a CA, a server certificate for 127.0.0.1 and a client
@@ -101,7 +105,7 @@ func newTestPKI(t *testing.T) *testPKI {
 	p.caFile = writePEM("ca.pem", "CERTIFICATE", caDER)
 	srvDER, srvKey := issue(2, "127.0.0.1", x509.ExtKeyUsageServerAuth, []net.IP{net.ParseIP("127.0.0.1")})
 	p.server = tls.Certificate{Certificate: [][]byte{srvDER}, PrivateKey: srvKey}
-	cliDER, cliKey := issue(3, secUser, x509.ExtKeyUsageClientAuth, nil)
+	cliDER, cliKey := issue(3, "client", x509.ExtKeyUsageClientAuth, nil)
 	p.certFile = writePEM("client.pem", "CERTIFICATE", cliDER)
 	keyDER, err := x509.MarshalPKCS8PrivateKey(cliKey)
 	if err != nil {
@@ -118,13 +122,69 @@ func (p *testPKI) serverTLS() *tls.Config {
 		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
 }
 
+// secureBrokers gives a test brokers that require SASL, TLS or both, and
+// the credentials and files to reach them.
+type secureBrokers struct {
+	user, password            string
+	caFile, certFile, keyFile string
+	real                      bool
+	pki                       *testPKI // kfake
+}
+
+// newSecureBrokers returns the real tier's secure listeners when
+// scripts/kafka runs them, else kfake clusters (started per call).
+func newSecureBrokers(t *testing.T) *secureBrokers {
+	if testbroker.Real() && os.Getenv("RUNNEL_KAFKA_SASL_BROKERS") != "" {
+		dir := os.Getenv("RUNNEL_KAFKA_TLS_DIR")
+		return &secureBrokers{real: true, user: os.Getenv("RUNNEL_KAFKA_SASL_USER"), password: os.Getenv("RUNNEL_KAFKA_SASL_PASSWORD"),
+			caFile: filepath.Join(dir, "ca.pem"), certFile: filepath.Join(dir, "client.pem"), keyFile: filepath.Join(dir, "client.key")}
+	}
+	pki := newTestPKI(t)
+	return &secureBrokers{user: kfakeUser, password: kfakePassword, caFile: pki.caFile, certFile: pki.certFile, keyFile: pki.keyFile, pki: pki}
+}
+
+func (b *secureBrokers) realAddrs(env string) []string { return strings.Split(os.Getenv(env), ",") }
+
+// sasl: SASL_PLAINTEXT with mechanism mech.
+func (b *secureBrokers) sasl(t *testing.T, mech string) []string {
+	if b.real {
+		return b.realAddrs("RUNNEL_KAFKA_SASL_BROKERS")
+	}
+	return startSecuredKfake(t, kfake.EnableSASL(), kfake.Superuser(mech, b.user, b.password))
+}
+
+// ssl: TLS with a client certificate required.
+func (b *secureBrokers) ssl(t *testing.T) []string {
+	if b.real {
+		return b.realAddrs("RUNNEL_KAFKA_SSL_BROKERS")
+	}
+	return startSecuredKfake(t, kfake.TLS(b.pki.serverTLS()))
+}
+
+// saslSSL: SASL_SSL with mechanism mech (no client certificate needed).
+func (b *secureBrokers) saslSSL(t *testing.T, mech string) []string {
+	if b.real {
+		return b.realAddrs("RUNNEL_KAFKA_SASL_SSL_BROKERS")
+	}
+	return startSecuredKfake(t, kfake.TLS(b.pki.serverTLS()), kfake.EnableSASL(), kfake.Superuser(mech, b.user, b.password))
+}
+
 // clientTLS is what a test client presents: the CA and the client certificate.
-func (p *testPKI) clientTLS(t *testing.T) *tls.Config {
-	cert, err := tls.LoadX509KeyPair(p.certFile, p.keyFile)
+func (b *secureBrokers) clientTLS(t *testing.T) *tls.Config {
+	t.Helper()
+	ca, err := os.ReadFile(b.caFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &tls.Config{RootCAs: p.pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		t.Fatalf("%s: no certificate", b.caFile)
+	}
+	cert, err := tls.LoadX509KeyPair(b.certFile, b.keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 }
 
 // startSecuredKfake starts a one-node kfake cluster with the given extra
@@ -208,6 +268,7 @@ func runSecuredCount(t *testing.T, brokers []string, client sarama.Client, opts 
 		app.WithGroupTimeouts(testbroker.SessionTimeout, testbroker.HeartbeatInterval, testbroker.RebalanceTimeout, testbroker.MaxWaitTime),
 		app.WithCommitInterval(200 * time.Millisecond),
 		app.WithLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))),
+		app.WithTopicPrefix(id + "-"),
 	}, opts...)...)
 	w, err := a.NewWorker(app.WorkerOptions{})
 	if err != nil {
@@ -295,14 +356,15 @@ func TestWorkerSASL(t *testing.T) {
 		{kafka.SASLPlain, app.AtLeastOnce},
 	} {
 		t.Run(c.mech, func(t *testing.T) {
-			brokers := startSecuredKfake(t, kfake.EnableSASL(), kfake.Superuser(c.mech, secUser, secPassword))
-			sec := kafka.Security{SASL: kafka.SASL{Mechanism: c.mech, User: secUser, Password: secPassword}}
+			sb := newSecureBrokers(t)
+			brokers := sb.sasl(t, c.mech)
+			sec := kafka.Security{SASL: kafka.SASL{Mechanism: c.mech, User: sb.user, Password: sb.password}}
 			client := secureClient(t, brokers, sec)
-			logs, a := runSecuredCount(t, brokers, client, app.WithSASL(c.mech, secUser, secPassword), app.WithGuarantee(c.g))
-			if strings.Contains(logs, secPassword) {
+			logs, a := runSecuredCount(t, brokers, client, app.WithSASL(c.mech, sb.user, sb.password), app.WithGuarantee(c.g))
+			if strings.Contains(logs, sb.password) {
 				t.Fatalf("the worker logged the SASL password")
 			}
-			if !strings.Contains(logs, "security=SASL_PLAINTEXT") || !strings.Contains(logs, "sasl.user="+secUser) {
+			if !strings.Contains(logs, "security=SASL_PLAINTEXT") || !strings.Contains(logs, "sasl.user="+sb.user) {
 				t.Fatalf("the worker's join line does not name the security protocol and user:\n%s", logs)
 			}
 			// The commands connect with the same settings: tables dump
@@ -329,25 +391,24 @@ func TestWorkerSASL(t *testing.T) {
 // requires one), configured with PEM files, and over SASL_SSL with the
 // credentials from the environment (RUNNEL_SASL_*) and a *tls.Config.
 func TestWorkerTLS(t *testing.T) {
-	pki := newTestPKI(t)
+	sb := newSecureBrokers(t)
 	t.Run("files", func(t *testing.T) {
-		brokers := startSecuredKfake(t, kfake.TLS(pki.serverTLS()))
-		client := secureClient(t, brokers, kafka.Security{TLS: pki.clientTLS(t)})
-		logs, _ := runSecuredCount(t, brokers, client, app.WithTLSFiles(pki.caFile, pki.certFile, pki.keyFile))
+		brokers := sb.ssl(t)
+		client := secureClient(t, brokers, kafka.Security{TLS: sb.clientTLS(t)})
+		logs, _ := runSecuredCount(t, brokers, client, app.WithTLSFiles(sb.caFile, sb.certFile, sb.keyFile))
 		if !strings.Contains(logs, "security=SSL") {
 			t.Fatalf("the worker's join line does not say SSL:\n%s", logs)
 		}
 	})
 	t.Run("sasl_ssl_env", func(t *testing.T) {
-		brokers := startSecuredKfake(t, kfake.TLS(pki.serverTLS()), kfake.EnableSASL(),
-			kfake.Superuser(kafka.SASLSCRAMSHA512, secUser, secPassword))
+		brokers := sb.saslSSL(t, kafka.SASLSCRAMSHA512)
 		t.Setenv("RUNNEL_SASL_MECHANISM", "scram-sha-512")
-		t.Setenv("RUNNEL_SASL_USER", secUser)
-		t.Setenv("RUNNEL_SASL_PASSWORD", secPassword)
-		sec := kafka.Security{TLS: pki.clientTLS(t), SASL: kafka.SASL{Mechanism: kafka.SASLSCRAMSHA512, User: secUser, Password: secPassword}}
+		t.Setenv("RUNNEL_SASL_USER", sb.user)
+		t.Setenv("RUNNEL_SASL_PASSWORD", sb.password)
+		sec := kafka.Security{TLS: sb.clientTLS(t), SASL: kafka.SASL{Mechanism: kafka.SASLSCRAMSHA512, User: sb.user, Password: sb.password}}
 		client := secureClient(t, brokers, sec)
-		logs, _ := runSecuredCount(t, brokers, client, app.WithTLS(pki.clientTLS(t)))
-		if strings.Contains(logs, secPassword) {
+		logs, _ := runSecuredCount(t, brokers, client, app.WithTLS(sb.clientTLS(t)))
+		if strings.Contains(logs, sb.password) {
 			t.Fatalf("the worker logged the SASL password")
 		}
 		if !strings.Contains(logs, "security=SASL_SSL") {
@@ -361,9 +422,9 @@ func TestWorkerTLS(t *testing.T) {
 // authentication, TLS), names the user but not the password, and do not
 // hang.
 func TestWorkerSecurityRefused(t *testing.T) {
-	pki := newTestPKI(t)
-	saslBrokers := startSecuredKfake(t, kfake.EnableSASL(), kfake.Superuser(kafka.SASLSCRAMSHA256, secUser, secPassword))
-	tlsBrokers := startSecuredKfake(t, kfake.TLS(pki.serverTLS()))
+	sb := newSecureBrokers(t)
+	saslBrokers := sb.sasl(t, kafka.SASLSCRAMSHA256)
+	tlsBrokers := sb.ssl(t)
 	const wrong = "wrong-password-xyz"
 	for _, c := range []struct {
 		name    string
@@ -371,13 +432,13 @@ func TestWorkerSecurityRefused(t *testing.T) {
 		opts    []app.Option
 		want    []string
 	}{
-		{"wrong password", saslBrokers, []app.Option{app.WithSASL(kafka.SASLSCRAMSHA256, secUser, wrong)},
-			[]string{"SASL SCRAM-SHA-256 user \"" + secUser + "\"", "SASL authentication failed"}},
-		{"unknown mechanism user", saslBrokers, []app.Option{app.WithSASL(kafka.SASLSCRAMSHA512, secUser, secPassword)},
-			[]string{"SASL SCRAM-SHA-512", "SASL authentication failed"}},
+		{"wrong password", saslBrokers, []app.Option{app.WithSASL(kafka.SASLSCRAMSHA256, sb.user, wrong)},
+			[]string{"SASL SCRAM-SHA-256 user \"" + sb.user + "\"", "SASL authentication failed"}},
+		{"unknown user", saslBrokers, []app.Option{app.WithSASL(kafka.SASLSCRAMSHA512, "nobody-here", sb.password)},
+			[]string{"SASL SCRAM-SHA-512 user \"nobody-here\"", "SASL authentication failed"}},
 		{"no SASL", saslBrokers, nil, []string{"connect to"}},
-		{"no client certificate", tlsBrokers, []app.Option{app.WithTLSFiles(pki.caFile, "", "")},
-			[]string{"SSL", "tls"}},
+		{"no client certificate", tlsBrokers, []app.Option{app.WithTLSFiles(sb.caFile, "", "")},
+			[]string{"SSL"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			id := testbroker.Topic(t, "refused")
@@ -403,7 +464,7 @@ func TestWorkerSecurityRefused(t *testing.T) {
 					t.Errorf("error %q does not say %q", err, s)
 				}
 			}
-			if strings.Contains(err.Error(), wrong) || strings.Contains(err.Error(), secPassword) {
+			if strings.Contains(err.Error(), wrong) || strings.Contains(err.Error(), sb.password) {
 				t.Errorf("error shows the password: %v", err)
 			}
 		})
