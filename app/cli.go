@@ -32,26 +32,13 @@ func (a *App) Main() {
 
 // Command returns the app's root cobra command, for embedding in a larger CLI.
 func (a *App) Command() *cobra.Command {
-	var brokers, dataDir, logLevel, logFormat, guarantee string
+	var logLevel, logFormat string
 	root := &cobra.Command{
 		Use:           a.id,
 		Short:         fmt.Sprintf("Runnel app %s", a.id),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			if brokers != "" {
-				a.cfg.Brokers = strings.Split(brokers, ",")
-			}
-			if dataDir != "" {
-				a.cfg.DataDir = dataDir
-			}
-			if guarantee != "" {
-				g, err := ParseGuarantee(guarantee)
-				if err != nil {
-					return fmt.Errorf("--guarantee: %w", err)
-				}
-				a.cfg.Guarantee = g
-			}
 			var lvl slog.Level
 			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
@@ -73,32 +60,14 @@ func (a *App) Command() *cobra.Command {
 			return nil
 		},
 	}
-	root.PersistentFlags().StringVar(&brokers, "brokers", "", "bootstrap brokers, comma-separated (env RUNNEL_BROKERS)")
-	root.PersistentFlags().StringVar(&dataDir, "data-dir", "", "directory of the local table stores (env RUNNEL_DATA_DIR)")
-	root.PersistentFlags().StringVar(&guarantee, "guarantee", "", "at_least_once (default) or exactly_once: each commit cycle one Kafka transaction (env RUNNEL_GUARANTEE)")
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "text or json (slog)")
 
-	var httpAddr, instanceID string
-	var pprofOn bool
 	worker := &cobra.Command{
 		Use:   "worker",
 		Short: "Join the consumer group and process records until SIGTERM",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if httpAddr != "" {
-				a.cfg.HTTPAddr = httpAddr
-			}
-			if instanceID != "" {
-				a.cfg.InstanceID = instanceID
-			}
-			a.cfg.Pprof = a.cfg.Pprof || pprofOn
-			// KIP-441 settings (WithWarmups); a flag given wins.
-			if f := cmd.Flags(); f.Changed("acceptable-recovery-lag") || f.Changed("max-warmups") || f.Changed("probing-interval") {
-				a.cfg.AcceptableRecoveryLag, _ = f.GetInt64("acceptable-recovery-lag")
-				a.cfg.MaxWarmupReplicas, _ = f.GetInt("max-warmups")
-				a.cfg.ProbingRebalanceInterval, _ = f.GetDuration("probing-interval")
-			}
 			w, err := a.NewWorker(WorkerOptions{})
 			if err != nil {
 				return err
@@ -106,12 +75,9 @@ func (a *App) Command() *cobra.Command {
 			return w.Run(cmd.Context())
 		},
 	}
-	worker.Flags().StringVar(&httpAddr, "http-addr", "", "serve the status page, /metrics, /healthz, /readyz and the JSON API here; \":8080\" binds localhost, \"0.0.0.0:8080\" every interface (env RUNNEL_HTTP_ADDR)")
-	worker.Flags().BoolVar(&pprofOn, "pprof", false, "serve Go profiles under /debug/pprof/ on --http-addr")
-	worker.Flags().StringVar(&instanceID, "instance-id", "", "static group membership (KIP-345): this worker's own stable ID (env RUNNEL_INSTANCE_ID)")
-	worker.Flags().Int64("acceptable-recovery-lag", a.cfg.AcceptableRecoveryLag, "KIP-441: changelog offsets a worker may lag and still take an active (0: 10000)")
-	worker.Flags().Int("max-warmups", a.cfg.MaxWarmupReplicas, "KIP-441: warm-up replicas per plan at most (0: 2)")
-	worker.Flags().Duration("probing-interval", a.cfg.ProbingRebalanceInterval, "KIP-441: rebalance this long after a plan with warm-ups at the latest (0: 10m; a caught-up warm-up asks at once)")
+	// The settings' flags (config.go) write a.cfg as they are parsed, over
+	// the options and the environment.
+	a.addSettingFlags(root.PersistentFlags(), worker.Flags())
 
 	var do DevOptions
 	var noProgress bool
@@ -244,7 +210,7 @@ with --from-line.`,
 				return err
 			}
 			w0 := &Worker{app: a, graph: g}
-			client, _, err := connect(cmd.Context(), brokers, "runnel-send", kafka.Timeouts{}, w0.topicSpecs())
+			client, _, err := a.connect(cmd.Context(), brokers, "runnel-send", kafka.Timeouts{}, w0.topicSpecs())
 			if err != nil {
 				return err
 			}
@@ -281,6 +247,6 @@ func (a *App) client(ctx context.Context) (sarama.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, _, err := connect(ctx, brokers, "runnel-cli", kafka.Timeouts{}, nil)
+	client, _, err := a.connect(ctx, brokers, "runnel-cli", kafka.Timeouts{}, nil)
 	return client, err
 }

@@ -65,11 +65,6 @@ type Result struct {
 	Processed, Retried, DeadLettered int64
 }
 
-// WithDevInput sets the topic and key field that `dev --input` loads a file into.
-func WithDevInput(topic, keyField string) Option {
-	return func(c *Config) { c.devTopic, c.devKeyField = topic, keyField }
-}
-
 // Dev runs the app on an embedded broker until every record of the input (and
 // everything derived from it) is processed, then stops the workers cleanly and
 // reports the tables, read back from their changelogs.
@@ -105,6 +100,7 @@ func (a *App) Dev(ctx context.Context, o DevOptions) error {
 			kafka.TestTimeouts.Session, kafka.TestTimeouts.Heartbeat, kafka.TestTimeouts.Rebalance, kafka.TestTimeouts.MaxWait
 	}
 	a.cfg.CommitInterval = min(a.cfg.CommitInterval, 300*time.Millisecond)
+	a.cfg.clearSecurity() // the embedded broker speaks neither TLS nor SASL
 	res, err := a.Process(ctx, broker.Addrs(), o)
 	if err != nil {
 		return err
@@ -160,7 +156,7 @@ func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (*Res
 		return nil, err
 	}
 	w0 := &Worker{app: a, graph: g}
-	client, _, err := connect(ctx, brokers, "runnel-dev", kafka.Timeouts{}, w0.topicSpecs())
+	client, _, err := a.connect(ctx, brokers, "runnel-dev", kafka.Timeouts{}, w0.topicSpecs())
 	if err != nil {
 		return nil, err
 	}

@@ -360,7 +360,7 @@ func (a *App) ReplayDeadLetters(ctx context.Context, agent string, o ReplayOptio
 	if err != nil {
 		return st, err
 	}
-	client, _, err := connect(ctx, brokers, "runnel-dlq-replay", kafka.Timeouts{}, nil)
+	client, _, err := a.connect(ctx, brokers, "runnel-dlq-replay", kafka.Timeouts{}, nil)
 	if err != nil {
 		return st, err
 	}

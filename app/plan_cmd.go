@@ -13,6 +13,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/assignor"
+	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/table"
 	"github.com/spf13/cobra"
 )
@@ -287,8 +288,14 @@ func (a *App) liveGroupInput() (PlanInput, error) {
 	if err != nil {
 		return PlanInput{}, err
 	}
-	sc := sarama.NewConfig()
-	sc.ClientID = "runnel-plan-" + a.id
+	if err := a.validate(); err != nil {
+		return PlanInput{}, err
+	}
+	sec, err := a.cfg.security()
+	if err != nil {
+		return PlanInput{}, err
+	}
+	sc := kafka.Base("runnel-plan-"+a.id, sec)
 	sc.Version = sarama.V2_1_0_0
 	client, err := sarama.NewClient(brokers, sc)
 	if err != nil {

@@ -15,33 +15,6 @@ import (
 	"github.com/runnel-dev/runnel/table"
 )
 
-// Redelivery bounds how often a failed record is redelivered and how long the
-// source waits before each redelivery (DESIGN.md §3 step 7).
-type Redelivery struct {
-	// MaxRetries is how many times a failed record is redelivered; when it
-	// fails again after that (MaxRetries+1 deliveries), it is dead-lettered to
-	// the dead-letter topic of every agent that failed or rejected it, and its
-	// partition continues. Default 5; negative means 0 (dead-letter on the
-	// first failure).
-	MaxRetries int
-	// Backoff is the wait before the first redelivery; it doubles for every
-	// further attempt of the same record, up to MaxBackoff. It is also the
-	// first wait before an agent is restarted (agent.Restart) or a partition
-	// restarts after its stream failed. Defaults 100 ms and 10 s.
-	Backoff, MaxBackoff time.Duration
-}
-
-// Defaults of Redelivery.
-const (
-	DefaultMaxRetries = 5
-	DefaultBackoff    = 100 * time.Millisecond
-	DefaultMaxBackoff = 10 * time.Second
-)
-
-// WithRedelivery sets the retry budget and backoff of failed records (zero
-// fields keep the defaults: 5 retries, 100 ms doubling up to 10 s).
-func WithRedelivery(r Redelivery) Option { return func(c *Config) { c.redelivery = r } }
-
 func (r Redelivery) withDefaults() Redelivery {
 	if r.MaxRetries == 0 {
 		r.MaxRetries = DefaultMaxRetries

@@ -33,13 +33,6 @@ func topicSpec(t topology.Topic) kafka.TopicSpec {
 	return s
 }
 
-// WithRepartitionPurge sets how often a worker deletes the records of
-// repartition topics below the group's committed offsets, on the partitions
-// it owns (Kafka Streams' repartition.purge.interval.ms); default 30 s,
-// negative disables it (the topics then grow without bound: they are created
-// with retention.ms=-1).
-func WithRepartitionPurge(d time.Duration) Option { return func(c *Config) { c.repartitionPurge = d } }
-
 // purgeRepartitions deletes, every purge interval until ctx ends, the records
 // of the repartition topics below the group's committed offsets on the
 // partitions this worker claims (DeleteRecords). A committed record is never
@@ -54,7 +47,7 @@ func (w *Worker) purgeRepartitions(ctx context.Context) {
 	}
 	d := w.cfg.repartitionPurge
 	if d == 0 {
-		d = 30 * time.Second
+		d = DefaultRepartitionPurge
 	}
 	if len(topics) == 0 || d < 0 {
 		return

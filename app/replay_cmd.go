@@ -89,7 +89,7 @@ partition got, when the idle timeout or the deadline expires.`,
 			if err != nil {
 				return err
 			}
-			client, _, err := connect(cmd.Context(), brokers, "runnel-replay", kafka.Timeouts{}, nil)
+			client, _, err := a.connect(cmd.Context(), brokers, "runnel-replay", kafka.Timeouts{}, nil)
 			if err != nil {
 				return err
 			}

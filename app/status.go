@@ -256,11 +256,6 @@ func (w *Worker) members(a assignor.Assignment) ([]Member, error) {
 	return out, nil
 }
 
-// WithPprof serves Go's runtime profiles (net/http/pprof) under
-// /debug/pprof/ on the worker's HTTP address; off by default, since a
-// profile exposes the process's internals and costs CPU while it runs.
-func WithPprof(on bool) Option { return func(c *Config) { c.Pprof = on } }
-
 // listenAddr is the address the HTTP server binds: addr, with localhost
 // when addr names no host (":8080"), so that a worker exposes its API to
 // other hosts only when told to.

@@ -49,6 +49,7 @@ type Worker struct {
 	graph  *topology.Graph
 	log    *slog.Logger
 	procID string
+	sec    kafka.Security // TLS and SASL of every client the worker opens (Config.security)
 
 	client   sarama.Client // the group consumer's (fetch long-polls)
 	meta     sarama.Client // offset lookups, committed offsets: never behind a fetch
@@ -108,7 +109,14 @@ func (a *App) NewWorker(o WorkerOptions) (*Worker, error) {
 	if o.DataDir != "" {
 		cfg.DataDir = o.DataDir
 	}
-	w := &Worker{app: a, cfg: cfg, opts: o, graph: g}
+	if err := errors.Join(append(slices.Clone(a.cfgErrs), cfg.validate())...); err != nil {
+		return nil, fmt.Errorf("app %s: %w", a.id, err)
+	}
+	sec, err := cfg.security()
+	if err != nil {
+		return nil, fmt.Errorf("app %s: %w", a.id, err)
+	}
+	w := &Worker{app: a, cfg: cfg, opts: o, graph: g, sec: sec}
 	w.tasks.w = w
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
@@ -215,20 +223,41 @@ var ConnectTimeout = 15 * time.Second
 
 // connect detects the cluster's protocol version (ApiVersions), opens a client
 // configured for it and creates the declared topics (specs may be empty).
-func connect(ctx context.Context, brokers []string, clientID string, t kafka.Timeouts, specs []kafka.TopicSpec) (sarama.Client, *sarama.Config, error) {
+// Every connection, the version probe's included, is secured by sec (TLS,
+// SASL); an error says which security protocol and SASL user were tried,
+// never the password.
+func connect(ctx context.Context, sec kafka.Security, brokers []string, clientID string, t kafka.Timeouts, specs []kafka.TopicSpec) (sarama.Client, *sarama.Config, error) {
 	dctx, cancel := context.WithTimeout(ctx, ConnectTimeout)
 	defer cancel()
-	v, err := kafkaversion.Detect(dctx, brokers, nil)
-	if err != nil {
-		return nil, nil, fmt.Errorf("connect to %s: %w", strings.Join(brokers, ","), err)
+	where := strings.Join(brokers, ",")
+	if p := sec.Protocol(); p != "PLAINTEXT" {
+		where += " (" + p
+		if sec.SASL.Mechanism != "" {
+			where += ", SASL " + sec.SASL.String()
+		}
+		where += ")"
 	}
-	c := kafka.NewConfig(clientID, v, t)
+	v, err := kafkaversion.Detect(dctx, brokers, kafka.Base(clientID, sec))
+	if err != nil {
+		// A broker that refuses the credentials may just close the
+		// connection (kfake does; Kafka answers SaslAuthenticate with an
+		// error first): if it answers ApiVersions without SASL (allowed
+		// before authentication, KIP-43), the credentials were refused.
+		if sec.SASL.Mechanism != "" {
+			plain := kafka.Security{TLS: sec.TLS}
+			if _, perr := kafkaversion.Detect(dctx, brokers, kafka.Base(clientID, plain)); perr == nil {
+				return nil, nil, fmt.Errorf("connect to %s: SASL authentication failed: the brokers answer but refuse %s (check the mechanism, user and password): %w", where, sec.SASL, err)
+			}
+		}
+		return nil, nil, fmt.Errorf("connect to %s: %w", where, err)
+	}
+	c := kafka.NewSecureConfig(clientID, v, t, sec)
 	c.Net.DialTimeout = 5 * time.Second
 	c.Metadata.Retry.Max = 2
 	c.Metadata.Retry.Backoff = 200 * time.Millisecond
 	client, err := sarama.NewClient(brokers, c)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to %s: %w", strings.Join(brokers, ","), err)
+		return nil, nil, fmt.Errorf("connect to %s: %w", where, err)
 	}
 	if len(specs) == 0 {
 		return client, c, nil
@@ -245,6 +274,19 @@ func connect(ctx context.Context, brokers []string, clientID string, t kafka.Tim
 	return client, c, nil
 }
 
+// connect is connect with the app's configuration, validated first (the
+// commands' path to the brokers).
+func (a *App) connect(ctx context.Context, brokers []string, clientID string, t kafka.Timeouts, specs []kafka.TopicSpec) (sarama.Client, *sarama.Config, error) {
+	if err := a.validate(); err != nil {
+		return nil, nil, err
+	}
+	sec, err := a.cfg.security()
+	if err != nil {
+		return nil, nil, err
+	}
+	return connect(ctx, sec, brokers, clientID, t, specs)
+}
+
 // Run joins the group and processes records until ctx ends, then leaves the
 // group cleanly: it stops fetching, lets in-flight records finish within the
 // drain budget, commits what resolved and closes the stores.
@@ -256,7 +298,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		return err
 	}
 	var sc *sarama.Config
-	w.client, sc, err = connect(ctx, brokers, "runnel-"+w.app.id, w.timeouts(), w.topicSpecs())
+	w.client, sc, err = connect(ctx, w.sec, brokers, "runnel-"+w.app.id, w.timeouts(), w.topicSpecs())
 	if err != nil {
 		return err
 	}
@@ -466,7 +508,8 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	}
 
 	topics := w.graph.Subscriptions()
-	w.log.Info("worker joining group", "group", w.app.id, "topics", topics, "brokers", brokers, "protocol", w.cfg.rebalanceProtocol())
+	w.log.Info("worker joining group", "group", w.app.id, "topics", topics, "brokers", brokers, "protocol", w.cfg.rebalanceProtocol(),
+		"security", w.sec.Protocol(), "sasl", w.sec.SASL)
 	h := &handler{w: w}
 	for ctx.Err() == nil {
 		sctx, cancel := context.WithCancel(ctx)
@@ -845,23 +888,6 @@ func (w *Worker) claimContext(sess sarama.ConsumerGroupSession, topic string, p 
 		w.mu.Unlock()
 		cancel()
 	}
-}
-
-// WithRebalanceProtocol selects the consumer-group rebalance protocol:
-// sarama.RebalanceProtocolCooperative (the default; incremental, KIP-429: only
-// partitions that move stop, each revoked in one generation and assigned in
-// the next) or sarama.RebalanceProtocolEager (every member stops every
-// partition on each rebalance). All workers of an app must use the same one;
-// cooperative needs Kafka >= 2.4.
-func WithRebalanceProtocol(p sarama.RebalanceProtocol) Option {
-	return func(c *Config) { c.eager = p == sarama.RebalanceProtocolEager }
-}
-
-func (c Config) rebalanceProtocol() sarama.RebalanceProtocol {
-	if c.eager {
-		return sarama.RebalanceProtocolEager
-	}
-	return sarama.RebalanceProtocolCooperative
 }
 
 // Running reports what this worker runs right now: claims maps each source

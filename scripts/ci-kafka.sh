@@ -5,7 +5,9 @@
 #
 # fetches the broker jars (cached in $RUNNEL_KAFKA_HOME, default ~/.cache/runnel/kafka),
 # starts a fresh node on 127.0.0.1:39092 (RUNNEL_KAFKA_PORT to change it), exports
-# RUNNEL_KAFKA_BROKERS so internal/testbroker selects the real tier, runs the command, and
+# RUNNEL_KAFKA_BROKERS so internal/testbroker selects the real tier (with
+# RUNNEL_KAFKA_SECURE=1 the node also gets SASL and TLS listeners, and the variables of
+# `scripts/kafka secure-env` are exported for the TLS/SASL tests), runs the command, and
 # stops and cleans the broker on exit, also when the command fails or the script is
 # interrupted. The exit status is the command's.
 #
@@ -26,12 +28,18 @@ runnel_kafka_up() {
   "$RUNNEL_KAFKA_SCRIPT" clean || return 1
   trap runnel_kafka_down EXIT
   local addrs
-  addrs="$("$RUNNEL_KAFKA_SCRIPT" start --nodes 1 --port "${RUNNEL_KAFKA_PORT:-39092}")" || {
+  local secure=()
+  [[ "${RUNNEL_KAFKA_SECURE:-0}" == 1 ]] && secure=(--secure)
+  addrs="$("$RUNNEL_KAFKA_SCRIPT" start --nodes 1 --port "${RUNNEL_KAFKA_PORT:-39092}" "${secure[@]}")" || {
     local home="${RUNNEL_KAFKA_HOME:-$HOME/.cache/runnel/kafka}"
     echo "ci-kafka: broker did not start; log: $home/run/node1/kafka.log" >&2
     return 1
   }
   export RUNNEL_KAFKA_BROKERS="$addrs"
+  if ((${#secure[@]})); then
+    local line
+    while IFS= read -r line; do export "${line?}"; done < <("$RUNNEL_KAFKA_SCRIPT" secure-env)
+  fi
   echo "ci-kafka: RUNNEL_KAFKA_BROKERS=$RUNNEL_KAFKA_BROKERS" >&2
 }
 
@@ -44,7 +52,7 @@ runnel_kafka_down() {
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
   set -uo pipefail
   if (($# == 0)); then
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
   fi
   trap 'exit 130' INT TERM

@@ -32,10 +32,16 @@ var TestTimeouts = Timeouts{Session: 3 * time.Second, Heartbeat: 100 * time.Mill
 //     for a new group.
 //
 // version is the protocol version the cluster speaks (see kafkaversion.Detect);
-// the zero value keeps Sarama's default.
+// the zero value keeps Sarama's default. The connection is plaintext and
+// unauthenticated; NewSecureConfig adds TLS and SASL.
 func NewConfig(clientID string, version sarama.KafkaVersion, t Timeouts) *sarama.Config {
-	c := sarama.NewConfig()
-	c.ClientID = clientID
+	return NewSecureConfig(clientID, version, t, Security{})
+}
+
+// NewSecureConfig is NewConfig over a connection secured by sec (TLS, SASL):
+// Base(clientID, sec) with the worker's producer and consumer settings.
+func NewSecureConfig(clientID string, version sarama.KafkaVersion, t Timeouts, sec Security) *sarama.Config {
+	c := Base(clientID, sec)
 	if version != (sarama.KafkaVersion{}) {
 		c.Version = version
 	}
