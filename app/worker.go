@@ -708,7 +708,12 @@ func (w *Worker) tableByName(name string) *tableRuntime {
 	return nil
 }
 
-// startFollower starts the standby follower of k; mu must be held.
+// startFollower starts the standby follower of k; mu must be held. The new
+// follower starts reading once the previous one of k (stopped by
+// setFollowed, which does not wait) has exited: both read the partition
+// through the restorer's one consumer, which refuses a partition consumed
+// twice ("That topic/partition is already being consumed"), and the store
+// must have one writer.
 func (tp *tableParts) startFollower(k restoreKey, p *tablePart) {
 	t := tp.w.tableByName(k.table)
 	if t == nil || p.stopFollow != nil || tp.ctx.Err() != nil {
@@ -716,12 +721,20 @@ func (tp *tableParts) startFollower(k restoreKey, p *tablePart) {
 	}
 	ctx, cancel := context.WithCancel(tp.ctx)
 	done := make(chan struct{})
+	prev := p.followDone
 	p.stopFollow, p.followDone = cancel, done
 	follow := tp.w.followOptions(ctx, &tp.bg)
 	tp.bg.Add(1)
 	go func() {
 		defer tp.bg.Done()
 		defer close(done)
+		if prev != nil {
+			select {
+			case <-prev:
+			case <-ctx.Done():
+				return
+			}
+		}
 		if err := tp.w.restorer.Follow(ctx, t.state.Topic(), k.p, t.store, follow...); err != nil {
 			tp.w.log.Warn("standby stopped", "table", k.table, "partition", k.p, "err", err)
 		}
