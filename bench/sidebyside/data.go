@@ -64,6 +64,17 @@ func (d *dataset) records(topic string) func(yield func(*kgo.Record) bool) {
 	}
 }
 
+// partitionCount returns how many of the dataset's records go to partition p.
+func (d *dataset) partitionCount(p int32) int {
+	n := 0
+	for _, ki := range d.keyOf {
+		if d.keyPart[ki] == p {
+			n++
+		}
+	}
+	return n
+}
+
 // load produces the dataset to topic.
 func (d *dataset) load(ctx context.Context, addrs []string, topic string) error {
 	p, err := newProducer(addrs)
@@ -87,6 +98,7 @@ type watcher struct {
 	key      func([]byte) string
 	cancel   context.CancelFunc
 	stopped  chan struct{}
+	only     bool // ignore keys without an expectation (watchOnly)
 
 	mu       sync.Mutex           // guards everything below
 	expect   map[string]int64     // expected value per key
@@ -131,6 +143,23 @@ func watch(addrs []string, topic string, counting bool, decode func([]byte) (int
 	return w, nil
 }
 
+// watchOnly starts a watcher of a changelog that looks at the keys of
+// expect only (the other keys' records are ignored).
+func watchOnly(addrs []string, topic string, decode func([]byte) (int64, error), key func([]byte) string, expect map[string]int64) (*watcher, error) {
+	w, err := watch(addrs, topic, false, decode, key, nil)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.only = true
+	now := time.Now()
+	for k, v := range expect {
+		w.setExpect(k, v, now)
+	}
+	return w, nil
+}
+
 func (w *watcher) loop(ctx context.Context) {
 	defer close(w.stopped)
 	for {
@@ -151,6 +180,9 @@ func (w *watcher) loop(ctx context.Context) {
 				}
 			}
 			k := w.key(r.Key)
+			if _, ok := w.expect[k]; w.only && !ok {
+				return
+			}
 			var v int64
 			if w.counting {
 				if !upper100(r.Value) {

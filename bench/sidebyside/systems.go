@@ -75,7 +75,7 @@ func quixKey(b []byte) string {
 }
 
 // allWorkloads in the order they run and appear in the table.
-var allWorkloads = []string{"stateless", "stateful", "restore", "handover", "kill", "scaleout"}
+var allWorkloads = []string{"stateless", "stateful", "restore", "handover", "kill", "scaleout", "rebalances", "redeliver"}
 
 // systems returns every known system by name, in table order (Runnel first).
 func systems() []*system {
@@ -84,7 +84,7 @@ func systems() []*system {
 		return func(id string) string { return id + suffix }
 	}
 	return []*system{
-		{name: "runnel", peer: "runnel", bin: "runnel-peer", workloads: append(slices.Clone(stateful), "scaleout"),
+		{name: "runnel", peer: "runnel", bin: "runnel-peer", workloads: append(slices.Clone(stateful), "scaleout", "rebalances", "redeliver"),
 			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go"},
 		{name: "sarama", peer: "sarama", bin: "sarama-peer", workloads: []string{"stateless", "stateful"},
 			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", createChangelog: true},
