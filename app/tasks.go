@@ -288,9 +288,14 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 	// readers of the changelog see the partition live again). Waiting for
 	// the idle check instead cost up to 200 ms of every hand-over (measured
 	// in bench/sidebyside's handover trace; docs/benchmarks.md).
+	// Like the idle cycles, it is off when IdleCommit is negative.
 	first := time.NewTicker(firstCheck)
 	defer first.Stop()
 	firstC := first.C
+	if idleC == nil {
+		first.Stop()
+		firstC = nil
+	}
 	var cycled, seen int64 // records handed out at the last cycle and the last idle check
 	for {
 		select {
