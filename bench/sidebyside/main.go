@@ -295,7 +295,7 @@ func selectSystems(names, broker string) ([]*system, error) {
 		for _, s := range all {
 			// Python peers are 30–100× slower: run them on their own, with
 			// fewer records (docs/benchmarks.md).
-			if s.lang == "go" || (broker == "kafka" && s.lang == "java") {
+			if !s.optIn && (s.lang == "go" || (broker == "kafka" && s.lang == "java")) {
 				out = append(out, s)
 			}
 		}

@@ -2,6 +2,12 @@
 // (bench/sidebyside): one worker written with the public API only (app, agent,
 // table, codec), configured by the BENCH_* environment the harness sets.
 //
+// Beyond the harness's common settings: BENCH_FAIL=partition:offset:times
+// fails that record's first deliveries (the redeliver workload),
+// BENCH_REDELIVERY=retries:backoff_ms:max_backoff_ms sets app.WithRedelivery,
+// BENCH_HEARTBEAT_MS the group heartbeat, BENCH_SARAMA_LOG=1 turns on
+// Sarama's log (joins, syncs, claims) to trace a hand-over.
+//
 // Workloads (BENCH_WORKLOAD):
 //   - stateless: every record of BENCH_INPUT goes to BENCH_OUTPUT with the
 //     value upper-cased;
@@ -78,6 +84,13 @@ func run() error {
 		}
 		opts = append(opts, app.WithRedelivery(app.Redelivery{MaxRetries: retries,
 			Backoff: time.Duration(backoff) * time.Millisecond, MaxBackoff: time.Duration(maxBackoff) * time.Millisecond}))
+	}
+	if v := os.Getenv("BENCH_HEARTBEAT_MS"); v != "" {
+		ms, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("BENCH_HEARTBEAT_MS: %w", err)
+		}
+		opts = append(opts, app.WithGroupTimeouts(0, time.Duration(ms)*time.Millisecond, 0, 0))
 	}
 	a := app.New(env("BENCH_ID", "bench"), append([]app.Option{
 		app.WithBrokers(strings.Split(env("BENCH_BROKERS", "localhost:9092"), ",")...),
