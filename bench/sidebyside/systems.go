@@ -105,7 +105,7 @@ func systems() []*system {
 		// hand-over is the survivor noticing the rebalance at its next
 		// heartbeat.
 		{name: "runnel-hb100", peer: "runnel", bin: "runnel-peer", env: []string{"BENCH_HEARTBEAT_MS=100"},
-			workloads: []string{"handover", "kill", "rebalances"},
+			workloads: []string{"handover", "rebalances"},
 			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", optIn: true},
 		// Exactly-once: Runnel's transactional commit cycles and Kafka
 		// Streams' exactly_once_v2, at the same commit interval as the rest.
