@@ -112,6 +112,9 @@ type watcher struct {
 	complete time.Time            // when under and over last became 0 (zero while not)
 	seenAt   map[string]time.Time // per key, when got last changed
 	after    time.Time            // zero, or the time firstAfter counts from
+	// afterTS: a record whose timestamp is after it also counts for
+	// firstAfter, whenever it arrives (resumeAfter).
+	afterTS time.Time
 	// firstAfter is, per partition, when the first record observed after
 	// `after` arrived.
 	firstAfter map[int32]time.Time
@@ -174,7 +177,7 @@ func (w *watcher) loop(ctx context.Context) {
 			if w.first.IsZero() {
 				w.first = now
 			}
-			if !w.after.IsZero() && now.After(w.after) {
+			if !w.after.IsZero() && (now.After(w.after) || (!w.afterTS.IsZero() && r.Timestamp.After(w.afterTS))) {
 				if _, ok := w.firstAfter[r.Partition]; !ok {
 					w.firstAfter[r.Partition] = now
 				}
@@ -318,11 +321,11 @@ func (w *watcher) sample(n int) string {
 }
 
 // resumeAfter starts recording, per partition, the first record observed
-// after t.
-func (w *watcher) resumeAfter(t time.Time) {
+// after t, or observed earlier but with a timestamp after ts (zero: none).
+func (w *watcher) resumeAfter(t, ts time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.after = t
+	w.after, w.afterTS = t, ts
 	clear(w.firstAfter)
 }
 

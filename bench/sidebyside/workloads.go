@@ -356,9 +356,13 @@ func (h *harness) runTakeover(s *system, workload string, sig syscall.Signal, ro
 	sigAt := time.Now()
 	u1, stopErr := c1.stop(sig, 60*time.Second)
 	// Records of worker 1 may still be on their way (in flight at the
-	// signal, fetched by the watcher up to 100 ms later): only what arrives
-	// after this point is worker 2's.
-	w.resumeAfter(time.Now().Add(takeoverResolution))
+	// signal, fetched by the watcher up to 100 ms later): what arrives
+	// after takeoverResolution is worker 2's, and so is a record stamped
+	// after worker 1 ended, however soon it arrives: stamped at its write
+	// (Runnel's Sarama producer), or with the time of an input record
+	// produced after it (Kafka Streams), only worker 2 can have written it.
+	exitAt := time.Now()
+	w.resumeAfter(exitAt.Add(takeoverResolution), exitAt)
 	var last time.Time
 	for {
 		got := w.resumed()
