@@ -126,6 +126,7 @@ func (h *handler) restore(ctx context.Context, topic string, p int32) ([]restore
 func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	w := h.w
 	topic, p := claim.Topic(), claim.Partition()
+	w.log.Debug("claim started", "topic", topic, "partition", p, "generation", sess.GenerationID())
 	ctx, claimDone := w.claimContext(sess, topic, p) // ends on revoke (cooperative) or session end
 	defer claimDone()
 	defer w.metrics.trackClaim(claim)()

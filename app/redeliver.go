@@ -352,6 +352,7 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 	if err := pt.inflight.Wait(fctx); err != nil {
 		w.log.Warn("records still in flight when the partition stopped", "topic", pt.topic, "partition", pt.p, "err", err)
 	}
+	finalCommitted := false // the final cycle committed the partition's offsets
 	if pt.task != nil {
 		if first == nil && taskErr == nil {
 			w.tasks.set(pt.task, TaskSuspending)
@@ -382,14 +383,27 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 				}
 			}
 		default:
-			if _, err := pt.task.t.Cycle(fctx, w.drainBudget()); err != nil {
+			st, err := pt.task.t.Cycle(fctx, w.drainBudget())
+			if err != nil {
 				w.log.Warn("final commit cycle did not complete; the partition's uncommitted records will be processed again", "topic", pt.topic, "partition", pt.p, "err", err)
 				pt.task.abandon(&w.tasks, fmt.Errorf("%s stopped: %w", pt.key, err))
 			}
+			// A cycle that wrote records committed its sources' offsets
+			// (task.Task.Cycle); one without writes only marked them.
+			finalCommitted = err == nil && st.Records > 0
 		}
 	}
 	cancelFlush()
-	w.sessionCommit(pt.sess)
+	if !finalCommitted {
+		// Offsets marked as records resolved go to the group now. After a
+		// final cycle that committed, there is nothing left to send: a
+		// task's source marks an offset only up to a cycle's commit point
+		// (claimProducer.Advance, capped), and this cycle committed the
+		// last one; a session commit would repeat its OffsetCommit, one
+		// more round trip per revoked partition, serialized with the other
+		// partitions' final cycles under commitMu.
+		w.sessionCommit(pt.sess)
+	}
 	if taskErr != nil {
 		if ctx.Err() != nil {
 			return nil, false

@@ -260,6 +260,10 @@ func (w *Worker) flushBudget() time.Duration {
 	return max(r, 30*time.Second)
 }
 
+// firstCheck is how often a new task looks whether its sources handed out a
+// record yet, for its first cycle (taskSet.loop).
+const firstCheck = 10 * time.Millisecond
+
 // loop runs the task's cycles every commit interval and when a cache is
 // full, until ctx ends. An abandoned cycle fails the task's claims.
 func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
@@ -277,28 +281,44 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 		defer idle.Stop()
 		idleC = idle.C
 	}
-	// The first cycle of a task comes at the first idle check after its
-	// sources handed out a record, idle or not: after a hand-over or a
+	// The first cycle of a task comes as soon as its sources handed out a
+	// record (checked every firstCheck), idle or not: after a hand-over or a
 	// restart the partition's new state, and its owner's position, reach
 	// the changelog and the group at once (standbys, global replicas and
-	// readers of the changelog see the partition live again).
+	// readers of the changelog see the partition live again). Waiting for
+	// the idle check instead cost up to 200 ms of every hand-over (measured
+	// in bench/sidebyside's handover trace; docs/benchmarks.md).
+	// Like the idle cycles, it is off when IdleCommit is negative.
+	first := time.NewTicker(firstCheck)
+	defer first.Stop()
+	firstC := first.C
+	if idleC == nil {
+		first.Stop()
+		firstC = nil
+	}
 	var cycled, seen int64 // records handed out at the last cycle and the last idle check
-	first := true
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		case <-tr.wake:
+		case <-firstC:
+			if tr.t.Handed() == 0 {
+				continue
+			}
 		case <-idleC:
 			n := tr.t.Handed()
 			quiet := n == seen && n != cycled
 			seen = n
-			if !quiet && !(first && n > 0) {
+			if !quiet {
 				continue
 			}
 		}
-		first = false
+		if firstC != nil {
+			first.Stop()
+			firstC = nil
+		}
 		cycled = tr.t.Handed()
 		cctx, cancel := context.WithTimeout(ctx, w.flushBudget())
 		st, err := tr.t.Cycle(cctx, w.cutBudget())

@@ -484,7 +484,11 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("join group %s: %w", w.app.id, err)
 	}
-	closers = append(closers, group.Close)
+	closers = append(closers, func() error {
+		err := group.Close() // LeaveGroup: the coordinator rebalances the others at once
+		w.log.Info("worker left group", "group", w.app.id, "err", err)
+		return err
+	})
 	go func() {
 		for e := range group.Errors() {
 			w.log.Warn("consumer group error", "err", e)

@@ -64,6 +64,17 @@ func (d *dataset) records(topic string) func(yield func(*kgo.Record) bool) {
 	}
 }
 
+// partitionCount returns how many of the dataset's records go to partition p.
+func (d *dataset) partitionCount(p int32) int {
+	n := 0
+	for _, ki := range d.keyOf {
+		if d.keyPart[ki] == p {
+			n++
+		}
+	}
+	return n
+}
+
 // load produces the dataset to topic.
 func (d *dataset) load(ctx context.Context, addrs []string, topic string) error {
 	p, err := newProducer(addrs)
@@ -87,6 +98,7 @@ type watcher struct {
 	key      func([]byte) string
 	cancel   context.CancelFunc
 	stopped  chan struct{}
+	only     bool // ignore keys without an expectation (watchOnly)
 
 	mu       sync.Mutex           // guards everything below
 	expect   map[string]int64     // expected value per key
@@ -100,6 +112,9 @@ type watcher struct {
 	complete time.Time            // when under and over last became 0 (zero while not)
 	seenAt   map[string]time.Time // per key, when got last changed
 	after    time.Time            // zero, or the time firstAfter counts from
+	// afterTS: a record whose timestamp is after it also counts for
+	// firstAfter, whenever it arrives (resumeAfter).
+	afterTS time.Time
 	// firstAfter is, per partition, when the first record observed after
 	// `after` arrived.
 	firstAfter map[int32]time.Time
@@ -131,6 +146,23 @@ func watch(addrs []string, topic string, counting bool, decode func([]byte) (int
 	return w, nil
 }
 
+// watchOnly starts a watcher of a changelog that looks at the keys of
+// expect only (the other keys' records are ignored).
+func watchOnly(addrs []string, topic string, decode func([]byte) (int64, error), key func([]byte) string, expect map[string]int64) (*watcher, error) {
+	w, err := watch(addrs, topic, false, decode, key, nil)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.only = true
+	now := time.Now()
+	for k, v := range expect {
+		w.setExpect(k, v, now)
+	}
+	return w, nil
+}
+
 func (w *watcher) loop(ctx context.Context) {
 	defer close(w.stopped)
 	for {
@@ -145,12 +177,15 @@ func (w *watcher) loop(ctx context.Context) {
 			if w.first.IsZero() {
 				w.first = now
 			}
-			if !w.after.IsZero() && now.After(w.after) {
+			if !w.after.IsZero() && (now.After(w.after) || (!w.afterTS.IsZero() && r.Timestamp.After(w.afterTS))) {
 				if _, ok := w.firstAfter[r.Partition]; !ok {
 					w.firstAfter[r.Partition] = now
 				}
 			}
 			k := w.key(r.Key)
+			if _, ok := w.expect[k]; w.only && !ok {
+				return
+			}
 			var v int64
 			if w.counting {
 				if !upper100(r.Value) {
@@ -286,11 +321,11 @@ func (w *watcher) sample(n int) string {
 }
 
 // resumeAfter starts recording, per partition, the first record observed
-// after t.
-func (w *watcher) resumeAfter(t time.Time) {
+// after t, or observed earlier but with a timestamp after ts (zero: none).
+func (w *watcher) resumeAfter(t, ts time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.after = t
+	w.after, w.afterTS = t, ts
 	clear(w.firstAfter)
 }
 

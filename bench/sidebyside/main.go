@@ -252,6 +252,10 @@ func (h *harness) runWorkload(s *system, wl string, round int, profile []string)
 		return []result{h.runTakeover(s, wl, syscall.SIGKILL, round)}
 	case "scaleout":
 		return []result{h.runScaleOut(s, round)}
+	case "rebalances":
+		return []result{h.runRebalances(s, round)}
+	case "redeliver":
+		return []result{h.runRedeliver(s, round)}
 	}
 	return nil
 }
@@ -270,8 +274,16 @@ func (r result) short() string {
 	if r.Records > 0 {
 		s += fmt.Sprintf(", %d changelog records (of %d written)", r.Records, r.Span)
 	}
-	if r.Workload == "handover" || r.Workload == "kill" {
+	switch r.Workload {
+	case "handover", "kill":
 		s += fmt.Sprintf(", %d counted twice", r.Doubles)
+	case "rebalances":
+		s += fmt.Sprintf(" per step, %d counted twice, survivor expelled %d times", r.Doubles, r.Expelled)
+		if r.ExpelledWhy != "" {
+			s += " (first: " + r.ExpelledWhy + ")"
+		}
+	case "redeliver":
+		s += fmt.Sprintf(" with the failure, other partitions' throughput %.2f× of the run without", r.Ratio)
 	}
 	return s
 }
@@ -283,7 +295,7 @@ func selectSystems(names, broker string) ([]*system, error) {
 		for _, s := range all {
 			// Python peers are 30–100× slower: run them on their own, with
 			// fewer records (docs/benchmarks.md).
-			if s.lang == "go" || (broker == "kafka" && s.lang == "java") {
+			if !s.optIn && (s.lang == "go" || (broker == "kafka" && s.lang == "java")) {
 				out = append(out, s)
 			}
 		}

@@ -80,6 +80,9 @@ type cell struct {
 	doubles               int64
 	warmup                float64 // scaleout: median seconds until the newcomer's last warm-up caught up
 	doublesMin, doublesMx int64
+	phases                map[string]float64 // handover, kill: median of each phase
+	expelled              int                // rebalances: over every run
+	ratio, ratioMin       float64            // redeliver: median and lowest
 }
 
 func median(xs []float64) float64 {
@@ -96,7 +99,8 @@ func median(xs []float64) float64 {
 
 func (r *report) cell(wl, sys string) (cell, bool) {
 	var c cell
-	var secs, cpus, rates, recs, spans, dbl, firsts, warm []float64
+	var secs, cpus, rates, recs, spans, dbl, firsts, warm, ratios []float64
+	phases := map[string][]float64{}
 	for _, x := range r.results {
 		if x.Workload != wl || x.System != sys {
 			continue
@@ -118,6 +122,13 @@ func (r *report) cell(wl, sys string) (cell, bool) {
 		dbl = append(dbl, float64(x.Doubles))
 		warm = append(warm, x.WarmupS)
 		c.rss = max(c.rss, x.RSSMB)
+		for p, v := range x.Phases {
+			phases[p] = append(phases[p], v)
+		}
+		c.expelled += x.Expelled
+		if x.Ratio > 0 {
+			ratios = append(ratios, x.Ratio)
+		}
 	}
 	if c.runs == 0 {
 		return c, false
@@ -125,6 +136,15 @@ func (r *report) cell(wl, sys string) (cell, bool) {
 	c.seconds, c.cpu, c.rate, c.firstOut = median(secs), median(cpus), median(rates), median(firsts)
 	c.records, c.span, c.doubles = int64(median(recs)), int64(median(spans)), int64(median(dbl))
 	c.warmup = median(warm)
+	if len(phases) > 0 {
+		c.phases = map[string]float64{}
+		for p, vs := range phases {
+			c.phases[p] = median(vs)
+		}
+	}
+	if len(ratios) > 0 {
+		c.ratio, c.ratioMin = median(ratios), slices.Min(ratios)
+	}
 	if len(dbl) > 0 {
 		c.doublesMin, c.doublesMx = int64(slices.Min(dbl)), int64(slices.Max(dbl))
 	}
@@ -165,6 +185,17 @@ func (r *report) table() string {
 				notes = fmt.Sprintf("%d changelog records read (of %d written)", c.records, c.span)
 			case "handover", "kill":
 				notes = fmt.Sprintf("counted twice: median %d (%d–%d)", c.doubles, c.doublesMin, c.doublesMx)
+				if c.phases != nil {
+					notes += "; medians, ms after the signal: " + fmtPhases(c.phases)
+				}
+				cpu, rss = "", ""
+			case "rebalances":
+				notes = fmt.Sprintf("median s of one of %d joins/leaves; survivor expelled %d times in all runs; counted twice: median %d (%d–%d)",
+					rebalanceSteps, c.expelled, c.doubles, c.doublesMin, c.doublesMx)
+				cpu, rss = "", ""
+			case "redeliver":
+				notes = fmt.Sprintf("s until the other partitions are done while partition %d redelivers a record %d times; their throughput %.2f× (lowest %.2f×) of a run without the failure",
+					redeliverPartition, redeliverTimes, c.ratio, c.ratioMin)
 				cpu, rss = "", ""
 			case "scaleout":
 				notes = fmt.Sprintf("fair share after the newcomer's start; its warm-ups caught up after %.2f s; changelog %d offsets at its start; counted twice: median %d (%d–%d)", c.warmup, c.span, c.doubles, c.doublesMin, c.doublesMx)

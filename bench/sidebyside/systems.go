@@ -32,6 +32,8 @@ type system struct {
 	// createChangelog: the harness creates the changelog topic (the app
 	// does not).
 	createChangelog bool
+	// optIn: only when named in -systems (an experiment, not a peer).
+	optIn bool
 }
 
 func (s *system) runs(workload string) bool {
@@ -75,7 +77,7 @@ func quixKey(b []byte) string {
 }
 
 // allWorkloads in the order they run and appear in the table.
-var allWorkloads = []string{"stateless", "stateful", "restore", "handover", "kill", "scaleout"}
+var allWorkloads = []string{"stateless", "stateful", "restore", "handover", "kill", "scaleout", "rebalances", "redeliver"}
 
 // systems returns every known system by name, in table order (Runnel first).
 func systems() []*system {
@@ -84,7 +86,7 @@ func systems() []*system {
 		return func(id string) string { return id + suffix }
 	}
 	return []*system{
-		{name: "runnel", peer: "runnel", bin: "runnel-peer", workloads: append(slices.Clone(stateful), "scaleout"),
+		{name: "runnel", peer: "runnel", bin: "runnel-peer", workloads: append(slices.Clone(stateful), "scaleout", "rebalances", "redeliver"),
 			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go"},
 		{name: "sarama", peer: "sarama", bin: "sarama-peer", workloads: []string{"stateless", "stateful"},
 			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", createChangelog: true},
@@ -99,6 +101,12 @@ func systems() []*system {
 		{name: "quix", peer: "quix", bin: "quix-peer", workloads: stateful,
 			changelog: func(id string) string { return "changelog__" + id + "--" + id[:len(id)-len("app")] + "in--default" },
 			decode:    decimal, key: quixKey, lang: "python"},
+		// Runnel with a 100 ms group heartbeat (default 250 ms): how much of a
+		// hand-over is the survivor noticing the rebalance at its next
+		// heartbeat.
+		{name: "runnel-hb100", peer: "runnel", bin: "runnel-peer", env: []string{"BENCH_HEARTBEAT_MS=100"},
+			workloads: []string{"handover", "rebalances"},
+			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", optIn: true},
 		// Exactly-once: Runnel's transactional commit cycles and Kafka
 		// Streams' exactly_once_v2, at the same commit interval as the rest.
 		{name: "runnel-eos", peer: "runnel", bin: "runnel-peer", env: []string{"RUNNEL_GUARANTEE=exactly_once"}, workloads: stateful,

@@ -28,6 +28,16 @@ type result struct {
 	Span     int64   `json:"span,omitempty"`           // restore: changelog offsets (records written)
 	Doubles  int64   `json:"doubles"`                  // handover, kill: records counted more than once
 	WarmupS  float64 `json:"warmup_s,omitempty"`       // scaleout (Runnel): from the newcomer's start to its last warm-up caught up
+	// Phases: handover and kill (Runnel), seconds after the signal of each
+	// step of the take-over (tracePhases, from the workers' logs).
+	Phases map[string]float64 `json:"phases,omitempty"`
+	// Expelled: rebalances, the times the surviving worker lost its
+	// membership (ExpelledWhy: the first log line saying so).
+	Expelled    int    `json:"expelled"`
+	ExpelledWhy string `json:"expelled_why,omitempty"`
+	// Ratio: redeliver, the other partitions' throughput while one
+	// partition redelivers a failing record, relative to a run without it.
+	Ratio float64 `json:"ratio,omitempty"`
 }
 
 // run is one run's broker, topic names and directories.
@@ -266,7 +276,12 @@ func (h *harness) runTakeover(s *system, workload string, sig syscall.Signal, ro
 		return res.fail(err)
 	}
 	defer w.Close()
-	c1, err := r.start("stateful", "w1")
+	// Runnel's workers log every step of the take-over (traceTakeover).
+	var trace []string
+	if s.peer == "runnel" {
+		trace = []string{"BENCH_LOG_LEVEL=debug"}
+	}
+	c1, err := r.start("stateful", "w1", trace...)
 	if err != nil {
 		return res.fail(err)
 	}
@@ -283,7 +298,7 @@ func (h *harness) runTakeover(s *system, workload string, sig syscall.Signal, ro
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	c2, err := r.start("stateful", "w2")
+	c2, err := r.start("stateful", "w2", trace...)
 	if err != nil {
 		_, _ = c1.stop(syscall.SIGKILL, time.Second)
 		return res.fail(err)
@@ -341,9 +356,13 @@ func (h *harness) runTakeover(s *system, workload string, sig syscall.Signal, ro
 	sigAt := time.Now()
 	u1, stopErr := c1.stop(sig, 60*time.Second)
 	// Records of worker 1 may still be on their way (in flight at the
-	// signal, fetched by the watcher up to 100 ms later): only what arrives
-	// after this point is worker 2's.
-	w.resumeAfter(time.Now().Add(takeoverResolution))
+	// signal, fetched by the watcher up to 100 ms later): what arrives
+	// after takeoverResolution is worker 2's, and so is a record stamped
+	// after worker 1 ended, however soon it arrives: stamped at its write
+	// (Runnel's Sarama producer), or with the time of an input record
+	// produced after it (Kafka Streams), only worker 2 can have written it.
+	exitAt := time.Now()
+	w.resumeAfter(exitAt.Add(takeoverResolution), exitAt)
 	var last time.Time
 	for {
 		got := w.resumed()
@@ -367,6 +386,10 @@ func (h *harness) runTakeover(s *system, workload string, sig syscall.Signal, ro
 		time.Sleep(10 * time.Millisecond)
 	}
 	res.Seconds = last.Sub(sigAt).Seconds()
+	if trace != nil {
+		res.Phases = traceTakeover(c1.log.Name(), c2.log.Name(), sigAt, last)
+		h.logf("%s trace (ms after the signal): %s", workload, fmtPhases(res.Phases))
+	}
 	pb.stop()
 	res.CPU, res.RSSMB = u1.cpu, u1.rssMB
 	if stopErr != nil && sig == syscall.SIGTERM {
@@ -392,9 +415,18 @@ func (h *harness) runTakeover(s *system, workload string, sig syscall.Signal, ro
 // at the signal (before: member -> partitions then), or nil (all of them)
 // when the survivor cannot be told from the group's description.
 func (h *harness) movedPartitions(r *run, before map[string][]int32) map[int32]bool {
-	after, err := r.b.memberPartitions(r.id, r.input)
-	if err != nil {
-		return nil
+	// The group may still list worker 1 for a moment after its partitions
+	// moved (a killed one until its session timeout): wait for one member.
+	var after map[string][]int32
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		var err error
+		if after, err = r.b.memberPartitions(r.id, r.input); err != nil {
+			return nil
+		}
+		if len(after) <= 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	survivor := ""
 	for m := range after {
@@ -406,6 +438,7 @@ func (h *harness) movedPartitions(r *run, before map[string][]int32) map[int32]b
 		}
 	}
 	if survivor == "" {
+		h.logf("hand-over: the survivor is not in the group's description before the signal (%v) and after (%v): timing every partition", before, after)
 		return nil
 	}
 	moved := map[int32]bool{}

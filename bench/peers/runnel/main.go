@@ -2,6 +2,12 @@
 // (bench/sidebyside): one worker written with the public API only (app, agent,
 // table, codec), configured by the BENCH_* environment the harness sets.
 //
+// Beyond the harness's common settings: BENCH_FAIL=partition:offset:times
+// fails that record's first deliveries (the redeliver workload),
+// BENCH_REDELIVERY=retries:backoff_ms:max_backoff_ms sets app.WithRedelivery,
+// BENCH_HEARTBEAT_MS the group heartbeat, BENCH_SARAMA_LOG=1 turns on
+// Sarama's log (joins, syncs, claims) to trace a hand-over.
+//
 // Workloads (BENCH_WORKLOAD):
 //   - stateless: every record of BENCH_INPUT goes to BENCH_OUTPUT with the
 //     value upper-cased;
@@ -15,6 +21,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -22,9 +29,11 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/codec"
@@ -58,12 +67,38 @@ func run() error {
 	if err := lvl.UnmarshalText([]byte(env("BENCH_LOG_LEVEL", "warn"))); err != nil {
 		return fmt.Errorf("BENCH_LOG_LEVEL: %w", err)
 	}
-	a := app.New(env("BENCH_ID", "bench"),
+	if os.Getenv("BENCH_SARAMA_LOG") != "" {
+		// Sarama's own log (joins, syncs, heartbeats, claims) with
+		// microsecond timestamps, to trace a hand-over.
+		sarama.Logger = log.New(os.Stderr, "sarama ", log.LstdFlags|log.Lmicroseconds|log.LUTC)
+	}
+	fail, err := parseFailure(os.Getenv("BENCH_FAIL"))
+	if err != nil {
+		return err
+	}
+	opts := []app.Option{}
+	if v := os.Getenv("BENCH_REDELIVERY"); v != "" {
+		var retries, backoff, maxBackoff int
+		if _, err := fmt.Sscanf(v, "%d:%d:%d", &retries, &backoff, &maxBackoff); err != nil {
+			return fmt.Errorf("BENCH_REDELIVERY %q: want retries:backoff_ms:max_backoff_ms: %w", v, err)
+		}
+		opts = append(opts, app.WithRedelivery(app.Redelivery{MaxRetries: retries,
+			Backoff: time.Duration(backoff) * time.Millisecond, MaxBackoff: time.Duration(maxBackoff) * time.Millisecond}))
+	}
+	if v := os.Getenv("BENCH_HEARTBEAT_MS"); v != "" {
+		ms, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("BENCH_HEARTBEAT_MS: %w", err)
+		}
+		opts = append(opts, app.WithGroupTimeouts(0, time.Duration(ms)*time.Millisecond, 0, 0))
+	}
+	a := app.New(env("BENCH_ID", "bench"), append([]app.Option{
 		app.WithBrokers(strings.Split(env("BENCH_BROKERS", "localhost:9092"), ",")...),
 		app.WithDataDir(env("BENCH_DATA_DIR", "./var")),
-		app.WithCommitInterval(time.Duration(commitMS)*time.Millisecond),
+		app.WithCommitInterval(time.Duration(commitMS) * time.Millisecond),
 		app.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))),
-	)
+	}, opts...)...)
+
 	in := app.Topic(a, env("BENCH_INPUT", "input"), codec.String(), codec.String(), app.Partitions(int32(parts)))
 	switch w := env("BENCH_WORKLOAD", "stateless"); w {
 	case "stateless":
@@ -80,6 +115,9 @@ func run() error {
 		counts := table.New(a, "counts", codec.String(), codec.DecimalInt64())
 		agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 			for ev := range s.Events() {
+				if err := fail.check(ev.Record.Partition, ev.Record.Offset); err != nil {
+					return err
+				}
 				if _, err := counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
 					return err
 				}
@@ -134,4 +172,41 @@ func writeHeap(path string) error {
 		return fmt.Errorf("heap profile: %w", err)
 	}
 	return nil
+}
+
+// failure is BENCH_FAIL=partition:offset:times: the record at that offset of
+// that partition fails its first times deliveries (the agent returns an
+// error, so the partition redelivers it). The zero failure fails nothing.
+type failure struct {
+	p        int32
+	offset   int64
+	times    int
+	mu       sync.Mutex
+	attempts int
+}
+
+func parseFailure(v string) (*failure, error) {
+	f := &failure{p: -1}
+	if v == "" {
+		return f, nil
+	}
+	if _, err := fmt.Sscanf(v, "%d:%d:%d", &f.p, &f.offset, &f.times); err != nil {
+		return nil, fmt.Errorf("BENCH_FAIL %q: want partition:offset:times: %w", v, err)
+	}
+	return f, nil
+}
+
+// check counts a delivery of the record at (p, offset) and returns an error
+// for the first times deliveries of the failing record.
+func (f *failure) check(p int32, offset int64) error {
+	if p != f.p || offset != f.offset {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.attempts++
+	if f.attempts > f.times {
+		return nil
+	}
+	return fmt.Errorf("bench: injected failure %d of %d of %d@%d", f.attempts, f.times, p, offset)
 }
