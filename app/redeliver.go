@@ -567,7 +567,7 @@ type claimProducer struct {
 	// pc is the own PartitionConsumer, owned by the poll goroutine until
 	// Open returns; Close closes it.
 	pc      sarama.PartitionConsumer
-	usedClm bool // the poll loop took the claim's channel
+	usedClm bool // the poll loop took the claim's channel; written under mu (skipControl reads it)
 
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -691,7 +691,9 @@ func (c *claimProducer) OpenBatch(ctx context.Context, emit func([]source.Emit) 
 	var msgs <-chan *sarama.ConsumerMessage
 	if c.from < 0 {
 		msgs = pt.feed.take()
+		c.mu.Lock() // skipControl reads it from a cycle
 		c.usedClm = msgs != nil
+		c.mu.Unlock()
 	}
 	if msgs == nil {
 		start := c.from
