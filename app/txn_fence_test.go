@@ -290,10 +290,12 @@ func TestExactlyOnceSurvivesFencedProducer(t *testing.T) {
 
 // An agent that stalls longer than the transaction timeout keeps the worker's
 // transaction open: the broker aborts it (transaction.timeout.ms) and bumps
-// the producer's epoch. When the agent goes on, its next send fails; the
-// worker aborts what it can, renews the producer if it must, and processes
-// everything again from the committed offsets: the sink record sent before
-// the stall is gone (aborted), the table and the sink are exact.
+// the producer's epoch. The next send into that transaction fails (another
+// partition's, or the stalled agent's when it goes on); the worker aborts
+// what it can, renews the producer if it must (it must on kfake and Kafka
+// 4.4: the abort is refused with PRODUCER_FENCED), and processes everything
+// again from the committed offsets: the sink record sent before the stall is
+// gone (aborted), the table and the sink are exact.
 func TestExactlyOnceSurvivesTransactionTimeout(t *testing.T) {
 	defer app.SetMinTxnTimeout(2 * time.Second)()
 	brokers := testbroker.Brokers(t)
