@@ -33,6 +33,12 @@ import (
 //     records an abandoned partition's agents still send fail (no
 //     transaction), and are processed again from the committed offsets in the
 //     next session.
+//   - A producer that cannot go on (fenced, its transaction aborted by the
+//     broker after the transaction timeout, an abort that failed) is renewed
+//     in place (renewLocked) after the tasks were abandoned and before the
+//     next Begin: the old producer is closed and every one of its delivery
+//     reports ran before the new one initializes the transactional ID, so no
+//     record of an abandoned task reaches a later transaction.
 type txnCycles struct {
 	w    *Worker
 	gate sync.RWMutex // hand-outs read-lock it; a cycle write-locks it
@@ -51,6 +57,11 @@ type txnCycles struct {
 	sess    sarama.ConsumerGroupSession // current session; guarded by mu
 	last    map[task.Offset]bool        // offsets of the last commit; guarded by mu
 	opened  chan struct{}               // closed when a transaction opens; guarded by mu
+	began   time.Time                   // when the open transaction began; guarded by mu
+	// fenced is set by a renewal after a fence by another producer of the
+	// transactional ID and cleared by the next commit: a second such fence
+	// while it is set stops the worker (zombieRule). Guarded by mu.
+	fenced bool
 }
 
 func newTxnCycles(w *Worker) *txnCycles {
@@ -102,6 +113,7 @@ func (x *txnCycles) beginLocked() error {
 	if err := x.w.producer.Begin(); err != nil {
 		return err
 	}
+	x.began = time.Now()
 	x.setOpen(true)
 	return nil
 }
@@ -130,9 +142,26 @@ func (x *txnCycles) closed(tr *taskRun) {
 		return
 	}
 	delete(x.pending, tr)
-	if err := x.beginLocked(); err != nil {
-		x.w.log.Error("begin transaction failed; stopping the worker", "err", err)
-		x.w.fatal.stop(err)
+	x.beginOrStopLocked()
+}
+
+// beginOrStopLocked begins the next transaction (beginLocked); a producer
+// that cannot begin one because it cannot go on is renewed first
+// (renewLocked), any other failure stops the worker. Guarded by mu.
+func (x *txnCycles) beginOrStopLocked() {
+	w := x.w
+	err := x.beginLocked()
+	if err != nil && w.producer.Fatal() {
+		if rerr := x.renewLocked(err, 0); rerr != nil {
+			w.log.Error("transactional producer could not be renewed; stopping the worker", "err", rerr)
+			w.fatal.stop(rerr)
+			return
+		}
+		err = x.beginLocked()
+	}
+	if err != nil {
+		w.log.Error("begin transaction failed; stopping the worker", "err", err)
+		w.fatal.stop(err)
 	}
 }
 
@@ -144,24 +173,105 @@ func (x *txnCycles) abortLocked(err error) {
 		x.pending[tr] = struct{}{}
 		tr.abandon(&w.tasks, err)
 	}
+	var age time.Duration
+	var aerr error
 	if x.open {
+		age = time.Since(x.began)
 		x.setOpen(false)
 		w.metrics.txn.aborts.Inc()
-		if aerr := w.producer.Abort(); aerr != nil {
-			w.log.Error("abort transaction failed; stopping the worker", "err", aerr, "cause", err)
-			w.fatal.stop(fmt.Errorf("abort transaction: %w (after %w)", aerr, err))
+		if age >= w.txnTimeout() {
+			// The broker aborted it already (transaction.timeout.ms), and
+			// bumped the producer's epoch: the abort below may fail.
+			w.metrics.txn.timedOut.Inc()
+		}
+		aerr = w.producer.Abort()
+	}
+	if aerr != nil || w.producer.Fatal() {
+		// What could be aborted was; the producer cannot go on. The tasks
+		// are abandoned above, so a new producer in its place loses
+		// nothing: the next transaction begins when they closed.
+		cause := err
+		if aerr != nil {
+			cause = fmt.Errorf("abort transaction: %w (after %w)", aerr, err)
+		}
+		if rerr := x.renewLocked(cause, age); rerr != nil {
+			w.log.Error("transactional producer could not be renewed; stopping the worker", "err", rerr)
+			w.fatal.stop(rerr)
 			return
 		}
+	} else {
+		w.log.Warn("transaction aborted; every partition restarts from its committed offsets", "err", err, "transaction_age", age)
 	}
-	if w.producer.Fatal() {
-		w.log.Error("transactional producer failed fatally (fenced by another worker with this data dir's process ID?); stopping the worker", "err", err)
-		w.fatal.stop(err)
-		return
+	x.beginOrStopLocked()
+}
+
+// ErrTransactionalIDInUse is the cause of a worker stopped because another
+// live process owns its transactional ID (see zombieRule).
+var ErrTransactionalIDInUse = errors.New("transactional ID in use by another live process")
+
+// zombieRule, as renewLocked applies it. A producer is renewed whenever it
+// cannot go on; why is told apart by the failed transaction's age and the
+// error:
+//   - "timeout": the transaction was open at least the transaction timeout
+//     (a cycle could not cut: an agent stalled on a record). The broker
+//     aborted it and bumped the epoch. Renewing is always right: nobody else
+//     holds the ID.
+//   - "fenced": PRODUCER_FENCED or INVALID_PRODUCER_EPOCH on a younger
+//     transaction: another producer initialized the transactional ID, which
+//     is runnel-<app>-<process ID>, the process ID read from the data dir. A
+//     restarted incarnation of this worker does that once; so does an
+//     operator's tool. The worker renews (fencing the other producer in turn)
+//     and goes on.
+//   - "failed": any other error (the abort failed, the coordinator could
+//     not be reached): renewed like a fence, not counted as one.
+//
+// A second "fenced" renewal before any transaction of this worker committed
+// since the first means another live process keeps initializing the ID: two
+// workers run with the same data dir (a copied data dir, or one shared by
+// two hosts; Pebble's lock refuses a second process on one host's stores).
+// Renewing again would make the two fence each other for ever, each
+// aborting the other's transactions: the worker stops with
+// ErrTransactionalIDInUse instead, and the other process keeps the ID.
+const zombieRule = "a second fence by another producer of the transactional ID before a commit stops the worker"
+
+// renewLocked replaces the worker's transactional producer with a new one of
+// the same transactional ID (kafka.Producer.Renew: the old one is closed and
+// drained first, the new one bumps the epoch), after an abort that failed or
+// left the producer unable to go on; cause is why, age the age of the
+// transaction it failed in (0: none was open). Every task must already be
+// abandoned. It tries three times (each InitProducerId retried by Sarama
+// for up to about 5 s). Errors: ErrTransactionalIDInUse (zombieRule), the
+// last renewal's error. Guarded by mu.
+func (x *txnCycles) renewLocked(cause error, age time.Duration) error {
+	w := x.w
+	reason := "failed"
+	switch {
+	case age >= w.txnTimeout():
+		reason = "timeout"
+	case errors.Is(cause, sarama.ErrProducerFenced) || errors.Is(cause, sarama.ErrInvalidProducerEpoch):
+		reason = "fenced"
 	}
-	w.log.Warn("transaction aborted; every partition restarts from its committed offsets", "err", err)
-	if berr := x.beginLocked(); berr != nil {
-		w.fatal.stop(berr)
+	id := "runnel-" + w.app.id + "-" + w.procID
+	if reason == "fenced" && x.fenced {
+		w.log.Error("fenced again by another producer of this worker's transactional ID before any commit: another live process uses this data dir's process ID; stopping the worker",
+			"transactional_id", id, "rule", zombieRule, "err", cause)
+		return fmt.Errorf("%w: %s (%s): %w", ErrTransactionalIDInUse, id, zombieRule, cause)
 	}
+	var err error
+	for attempt := 1; attempt <= 3; attempt++ {
+		if err = w.producer.Renew(); err == nil {
+			break
+		}
+		w.log.Warn("renewing the transactional producer failed", "transactional_id", id, "attempt", attempt, "err", err)
+	}
+	if err != nil {
+		return fmt.Errorf("renew transactional producer %s: %w (after %w)", id, err, cause)
+	}
+	x.fenced = reason == "fenced"
+	w.metrics.txn.renewals.WithLabelValues(reason).Inc()
+	w.log.Warn("transactional producer renewed (new epoch); every partition restarts from its committed offsets",
+		"reason", reason, "transactional_id", id, "transaction_age", age, "transaction_timeout", w.txnTimeout(), "err", cause)
+	return nil
 }
 
 // abort aborts the open transaction (see abortLocked).
@@ -240,6 +350,7 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 			return err // still open: abortLocked aborts it
 		}
 		x.setOpen(false)
+		x.fenced = false
 		w.metrics.txn.commits.Inc()
 		w.metrics.txn.seconds.Observe(time.Since(start).Seconds())
 		if err := x.beginLocked(); err != nil {
@@ -310,12 +421,16 @@ func (x *txnCycles) assigned(gen int32) {
 }
 
 // txnTimeout is the transaction timeout under ExactlyOnce: four commit
-// intervals, at least 10 s (Kafka Streams' exactly-once default) and at most
+// intervals, at least 10 s (minTxnTimeout) (Kafka Streams' exactly-once default) and at most
 // 15 min (Kafka's default transaction.max.timeout.ms, above which the broker
 // refuses the producer).
 func (w *Worker) txnTimeout() time.Duration {
-	return min(max(10*time.Second, 4*w.cfg.CommitInterval), 15*time.Minute)
+	return min(max(minTxnTimeout, 4*w.cfg.CommitInterval), 15*time.Minute)
 }
+
+// minTxnTimeout is the least transaction timeout; tests lower it
+// (SetMinTxnTimeout in export_test.go) to time a transaction out quickly.
+var minTxnTimeout = 10 * time.Second
 
 // loop runs cycles every commit interval, when a cache is full (wake), and
 // when the tasks' sources handed out records since the last cycle but none

@@ -122,10 +122,16 @@ type watcher struct {
 
 // watch starts a watcher of topic; expect is copied. key reads the topic's
 // keys (nil: as they are).
-func watch(addrs []string, topic string, counting bool, decode func([]byte) (int64, error), key func([]byte) string, expect map[string]int64) (*watcher, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond),
-		kgo.MetadataMinAge(100*time.Millisecond), kgo.MetadataMaxAge(time.Second))
+func watch(addrs []string, topic string, counting, committed bool, decode func([]byte) (int64, error), key func([]byte) string, expect map[string]int64) (*watcher, error) {
+	opts := []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.MetadataMinAge(100 * time.Millisecond), kgo.MetadataMaxAge(time.Second)}
+	if committed {
+		// An exactly-once system's output and changelog count only once
+		// committed: aborted records are not its answer.
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("watch %s: %w", topic, err)
 	}
@@ -149,7 +155,7 @@ func watch(addrs []string, topic string, counting bool, decode func([]byte) (int
 // watchOnly starts a watcher of a changelog that looks at the keys of
 // expect only (the other keys' records are ignored).
 func watchOnly(addrs []string, topic string, decode func([]byte) (int64, error), key func([]byte) string, expect map[string]int64) (*watcher, error) {
-	w, err := watch(addrs, topic, false, decode, key, nil)
+	w, err := watch(addrs, topic, false, false, decode, key, nil)
 	if err != nil {
 		return nil, err
 	}

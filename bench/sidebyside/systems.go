@@ -34,6 +34,9 @@ type system struct {
 	createChangelog bool
 	// optIn: only when named in -systems (an experiment, not a peer).
 	optIn bool
+	// eos: the system runs exactly-once. Its output and changelog are read
+	// read_committed, and a record counted twice fails the run.
+	eos bool
 }
 
 func (s *system) runs(workload string) bool {
@@ -110,9 +113,9 @@ func systems() []*system {
 		// Exactly-once: Runnel's transactional commit cycles and Kafka
 		// Streams' exactly_once_v2, at the same commit interval as the rest.
 		{name: "runnel-eos", peer: "runnel", bin: "runnel-peer", env: []string{"RUNNEL_GUARANTEE=exactly_once"}, workloads: stateful,
-			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go"},
+			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", eos: true},
 		{name: "kstreams-2t-eos", peer: "kstreams", bin: "kstreams-peer", env: []string{"BENCH_THREADS=2", "BENCH_GUARANTEE=exactly_once_v2"}, workloads: stateful,
-			changelog: suffixed("-counts-changelog"), decode: bigEndian64, lang: "java"},
+			changelog: suffixed("-counts-changelog"), decode: bigEndian64, lang: "java", eos: true},
 		// Kafka Streams' own default commit interval (30 s under at-least-once):
 		// its record cache then holds the counts until the commit.
 		{name: "kstreams-2t-c30s", peer: "kstreams", bin: "kstreams-peer", env: []string{"BENCH_THREADS=2", "BENCH_COMMIT_MS=30000"},

@@ -135,7 +135,7 @@ func (h *harness) runStateless(s *system, round int, profile []string) result {
 	if err := r.b.createTopic(r.output, h.cfg.partitions); err != nil {
 		return res.fail(err)
 	}
-	w, err := watch(r.b.addrs, r.output, true, nil, nil, h.data.counts)
+	w, err := watch(r.b.addrs, r.output, true, s.eos, nil, nil, h.data.counts)
 	if err != nil {
 		return res.fail(err)
 	}
@@ -189,7 +189,7 @@ func (h *harness) runStateful(s *system, round int, restore bool, profile []stri
 			return res.fail(err), rres.fail(err)
 		}
 	}
-	w, err := watch(r.b.addrs, s.changelog(r.id), false, s.decode, s.key, h.data.counts)
+	w, err := watch(r.b.addrs, s.changelog(r.id), false, s.eos, s.decode, s.key, h.data.counts)
 	if err != nil {
 		return res.fail(err), rres.fail(err)
 	}
@@ -271,7 +271,7 @@ func (h *harness) runTakeover(s *system, workload string, sig syscall.Signal, ro
 		return res.fail(err)
 	}
 	defer r.close()
-	w, err := watch(r.b.addrs, s.changelog(r.id), false, s.decode, s.key, h.data.counts)
+	w, err := watch(r.b.addrs, s.changelog(r.id), false, s.eos, s.decode, s.key, h.data.counts)
 	if err != nil {
 		return res.fail(err)
 	}
@@ -408,6 +408,9 @@ func (h *harness) runTakeover(s *system, workload string, sig syscall.Signal, ro
 		return res.fail(fmt.Errorf("after the take-over, %d keys fell below their count", st.under))
 	}
 	res.Doubles = st.excess
+	if s.eos && st.excess > 0 {
+		return res.fail(fmt.Errorf("after the take-over, %d records counted twice under exactly-once", st.excess))
+	}
 	return res
 }
 

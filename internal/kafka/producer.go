@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -17,26 +18,51 @@ type DeliveryFunc func(partition int32, offset int64, err error)
 // Producer sends records asynchronously and reports each record's delivery to
 // the callback given with it. Delivery reports for one partition arrive in
 // offset order (idempotent producer, one request in flight).
+//
+// A transactional producer that can no longer go on (fenced, or its
+// transaction aborted by the broker) is replaced in place by Renew: callers
+// keep the same *Producer.
+//
+// Lock order: swap, then mu. Every write to the current Sarama producer's
+// input happens under swap's read lock, so that Renew and Close (write lock)
+// never close an input a sender is about to write to.
 type Producer struct {
-	ap sarama.AsyncProducer
+	client sarama.Client
+
+	swap sync.RWMutex
+	ap   sarama.AsyncProducer // the current Sarama producer; guarded by swap
+	done chan struct{}        // closed when ap's delivery goroutines ended; guarded by swap
 
 	mu       sync.Mutex
 	cond     *sync.Cond
-	inFlight int // records sent whose delivery report has not run yet; guarded by mu
-	closed   bool
-
-	done chan struct{}
+	inFlight int  // records sent whose delivery report has not run yet; guarded by mu
+	closed   bool // guarded by mu
 }
 
 // NewProducer starts a producer on client. The client must be configured with
-// Producer.Return.Successes and Return.Errors (NewConfig does).
+// Producer.Return.Successes and Return.Errors (NewConfig does). With a
+// transactional ID (Producer.Transaction.ID) it initializes the ID first
+// (InitProducerId: fences any older producer with the ID and aborts its open
+// transaction).
 func NewProducer(client sarama.Client) (*Producer, error) {
-	ap, err := sarama.NewAsyncProducerFromClient(client)
-	if err != nil {
-		return nil, fmt.Errorf("new producer: %w", err)
-	}
-	p := &Producer{ap: ap, done: make(chan struct{})}
+	p := &Producer{client: client}
 	p.cond = sync.NewCond(&p.mu)
+	ap, done, err := p.start()
+	if err != nil {
+		return nil, err
+	}
+	p.ap, p.done = ap, done
+	return p, nil
+}
+
+// start builds a Sarama producer on p.client and its delivery goroutines;
+// done closes when both ended (after the producer closed).
+func (p *Producer) start() (sarama.AsyncProducer, chan struct{}, error) {
+	ap, err := sarama.NewAsyncProducerFromClient(p.client)
+	if err != nil {
+		return nil, nil, fmt.Errorf("new producer: %w", err)
+	}
+	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
@@ -51,8 +77,8 @@ func NewProducer(client sarama.Client) (*Producer, error) {
 			p.report(e.Msg, e.Err)
 		}
 	}()
-	go func() { wg.Wait(); close(p.done) }()
-	return p, nil
+	go func() { wg.Wait(); close(done) }()
+	return ap, done, nil
 }
 
 func (p *Producer) report(m *sarama.ProducerMessage, err error) {
@@ -92,17 +118,58 @@ var ErrProducerClosed = fmt.Errorf("kafka: producer is closed")
 // delivery report. Send returns ErrProducerClosed after Close; it blocks while
 // Sarama's input buffer is full.
 func (p *Producer) Send(msg *sarama.ProducerMessage, done DeliveryFunc) error {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return ErrProducerClosed
+	p.swap.RLock()
+	defer p.swap.RUnlock()
+	if err := p.admit(); err != nil {
+		return err
 	}
-	p.inFlight++
-	p.mu.Unlock()
 	msg.Metadata = done
 	p.ap.Input() <- msg
 	return nil
 }
+
+// admit counts one more record in flight, or says why none may be sent.
+// The caller holds swap's read lock.
+//
+// A transactional producer takes a record only inside a transaction that
+// is not in error: a record sent outside one, or into one that already
+// failed (fenced, aborted by the broker), can never be committed, and Sarama
+// would fail it anyway. Refused here, it never reaches Sarama, which keeps
+// a failing producer's error storm small: Sarama 1.61 reads its last
+// transaction error without the lock it writes it under
+// (IBM/sarama#2913), so each record failed inside it is a chance of that
+// data race.
+func (p *Producer) admit() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.closed:
+		return ErrProducerClosed
+	case p.ap == nil:
+		return ErrProducerNotReady
+	}
+	if p.ap.IsTransactional() {
+		st := p.ap.TxnStatus()
+		switch {
+		case st&sarama.ProducerTxnFlagInError != 0:
+			return fmt.Errorf("%w (%s)", ErrTransactionFailed, st)
+		case st&sarama.ProducerTxnFlagInTransaction == 0:
+			return fmt.Errorf("kafka: no transaction open (%s): %w", st, sarama.ErrTransactionNotReady)
+		}
+	}
+	p.inFlight++
+	return nil
+}
+
+// ErrTransactionFailed is returned by Send when the producer's transaction
+// failed (fenced, aborted by the broker after its timeout, a record or
+// request the broker refused): it must be aborted, or the producer renewed
+// (Fatal, Renew).
+var ErrTransactionFailed = errors.New("kafka: transaction failed; record not sent")
+
+// ErrProducerNotReady is returned by Send when the last Renew could not
+// build a new producer.
+var ErrProducerNotReady = fmt.Errorf("kafka: producer is not ready (renew failed)")
 
 // Acker receives the broker's answer for one record sent with SendRecord:
 // its offset, or the error after Sarama's retries. It runs on the producer's
@@ -143,15 +210,13 @@ func (p *Producer) SendRecordAt(topic string, partition int32, key, value []byte
 		m.msg.Value = &m.value
 	}
 	m.ack = ack
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
+	p.swap.RLock()
+	defer p.swap.RUnlock()
+	if err := p.admit(); err != nil {
 		*m = pooledMsg{}
 		msgPool.Put(m)
-		return ErrProducerClosed
+		return err
 	}
-	p.inFlight++
-	p.mu.Unlock()
 	m.msg.Metadata = m
 	p.ap.Input() <- &m.msg
 	return nil
@@ -179,16 +244,63 @@ func (p *Producer) Flush(ctx context.Context) error {
 // Close flushes what was queued (Sarama's AsyncClose drains the input) and
 // waits for every delivery report.
 func (p *Producer) Close() error {
+	p.swap.Lock()
+	defer p.swap.Unlock()
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		<-p.done
-		return nil
+		return nil // the first Close waited for the delivery reports
 	}
 	p.closed = true
 	p.mu.Unlock()
-	p.ap.AsyncClose()
-	<-p.done
+	if p.ap != nil {
+		p.ap.AsyncClose()
+		<-p.done
+	}
+	return nil
+}
+
+// ErrRenewClosed is returned by Renew after Close.
+var ErrRenewClosed = fmt.Errorf("kafka: renew: %w", ErrProducerClosed)
+
+// Renew replaces the Sarama producer with a new one on the same client, for
+// a transactional producer that cannot go on (Fatal: fenced by a newer
+// producer with its transactional ID, or its transaction aborted by the
+// broker after transaction.timeout.ms), or whose abort failed. The old
+// producer is closed first: records queued in it fail (their delivery
+// reports run with the error), and Renew returns only once every one of its
+// delivery reports ran, so nothing still uses it. The new producer
+// initializes the same transactional ID (InitProducerId, KIP-98): the
+// coordinator aborts the ID's open transaction, if any, and bumps the epoch,
+// fencing every older producer of the ID. No transaction is open afterwards
+// (Begin opens one).
+//
+// Senders blocked in Send while Renew waits go to the old producer and fail;
+// senders after it go to the new one. Renew must not be called from a
+// delivery callback. Errors: the producer is closed (ErrRenewClosed), or the
+// new producer could not initialize the ID (the old one is closed all the
+// same: a later Renew may try again).
+func (p *Producer) Renew() error {
+	p.swap.Lock()
+	defer p.swap.Unlock()
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if closed {
+		return ErrRenewClosed
+	}
+	if p.ap != nil {
+		p.ap.AsyncClose()
+		<-p.done
+		p.ap = nil
+	}
+	ap, done, err := p.start()
+	if err != nil {
+		// Keep a closed producer in place: Send then fails with
+		// ErrProducerNotReady until a Renew succeeds.
+		return fmt.Errorf("renew: %w", err)
+	}
+	p.ap, p.done = ap, done
 	return nil
 }
 
@@ -196,7 +308,11 @@ func (p *Producer) Close() error {
 // transaction is already open, or the producer is in a fatal error state
 // (fenced by a newer producer with the same transactional ID).
 func (p *Producer) Begin() error {
-	if err := p.ap.BeginTxn(); err != nil {
+	ap, err := p.current()
+	if err != nil {
+		return fmt.Errorf("begin transaction: %w", err)
+	}
+	if err := ap.BeginTxn(); err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}
 	return nil
@@ -211,6 +327,10 @@ func (p *Producer) Begin() error {
 // ErrFencedInstancedId, ErrProducerFenced, ...); the transaction must then
 // be aborted (Abort), unless Fatal reports that the producer cannot go on.
 func (p *Producer) Commit(offsets map[string]map[int32]int64, group *sarama.ConsumerGroupMetadata) error {
+	ap, err := p.current()
+	if err != nil {
+		return fmt.Errorf("commit transaction: %w", err)
+	}
 	if len(offsets) > 0 {
 		om := make(map[string][]*sarama.PartitionOffsetMetadata, len(offsets))
 		for topic, parts := range offsets {
@@ -218,11 +338,11 @@ func (p *Producer) Commit(offsets map[string]map[int32]int64, group *sarama.Cons
 				om[topic] = append(om[topic], &sarama.PartitionOffsetMetadata{Partition: part, Offset: off})
 			}
 		}
-		if err := p.ap.AddOffsetsToTxnWithGroupMetadata(om, group); err != nil {
+		if err := ap.AddOffsetsToTxnWithGroupMetadata(om, group); err != nil {
 			return fmt.Errorf("add offsets to transaction: %w", err)
 		}
 	}
-	if err := p.ap.CommitTxn(); err != nil {
+	if err := ap.CommitTxn(); err != nil {
 		return fmt.Errorf("commit transaction: %w", err)
 	}
 	return nil
@@ -231,7 +351,11 @@ func (p *Producer) Commit(offsets map[string]map[int32]int64, group *sarama.Cons
 // Abort aborts the open transaction: read_committed consumers never see its
 // records, and its offsets are not committed.
 func (p *Producer) Abort() error {
-	if err := p.ap.AbortTxn(); err != nil {
+	ap, err := p.current()
+	if err != nil {
+		return fmt.Errorf("abort transaction: %w", err)
+	}
+	if err := ap.AbortTxn(); err != nil {
 		return fmt.Errorf("abort transaction: %w", err)
 	}
 	return nil
@@ -240,6 +364,28 @@ func (p *Producer) Abort() error {
 // Fatal reports whether the producer is in a fatal transactional state (for
 // example fenced by another producer with its transactional ID): it can
 // neither commit nor abort and must be closed.
+// A producer whose last Renew failed reports true, a closed one false.
 func (p *Producer) Fatal() bool {
-	return p.ap.TxnStatus()&sarama.ProducerTxnFlagFatalError != 0
+	ap, err := p.current()
+	if err != nil {
+		return errors.Is(err, ErrProducerNotReady)
+	}
+	return ap.TxnStatus()&sarama.ProducerTxnFlagFatalError != 0
+}
+
+// current returns the current Sarama producer for a transaction call; the
+// caller must not run it concurrently with Renew (the transaction's owner
+// serializes both).
+func (p *Producer) current() (sarama.AsyncProducer, error) {
+	p.swap.RLock()
+	defer p.swap.RUnlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.closed:
+		return nil, ErrProducerClosed
+	case p.ap == nil:
+		return nil, ErrProducerNotReady
+	}
+	return p.ap, nil
 }
