@@ -44,13 +44,14 @@ type Options struct {
 // Wait returns when everything sent (and everything derived from it) is
 // processed and committed, and Get, Table, Records and DeadLetters read the
 // results back from the broker: table changelogs, sink topics and dead-letter
-// topics. A Driver's methods are safe for concurrent use.
+// topics. A Driver's methods are safe for concurrent use, except Restart.
 type Driver struct {
 	app     *app.App
 	broker  *embedded.Broker
 	client  sarama.Client
 	prod    sarama.SyncProducer
-	workers []*app.Worker
+	workers []*app.Worker // replaced by Restart; not safe for concurrent use with it
+	n       int           // workers to run
 	dir     string
 	timeout time.Duration
 	// sources are the topics the app's agents consume: Wait waits for the
@@ -123,12 +124,23 @@ func Start(a *app.App, o Options) (_ *Driver, err error) {
 	if d.prod, err = sarama.NewSyncProducerFromClient(d.client); err != nil {
 		return nil, fmt.Errorf("runneltest: producer: %w", err)
 	}
+	d.n = o.Workers
+	if err := d.startWorkers(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// startWorkers starts d.n workers with stores under d.dir and waits until
+// every one joined the group and restored its active partitions.
+func (d *Driver) startWorkers() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
-	for i := range o.Workers {
-		w, err := a.NewWorker(app.WorkerOptions{DataDir: filepath.Join(d.dir, fmt.Sprintf("worker-%d", i)), Name: fmt.Sprintf("worker-%d", i)})
+	d.workers = nil
+	for i := range d.n {
+		w, err := d.app.NewWorker(app.WorkerOptions{DataDir: filepath.Join(d.dir, fmt.Sprintf("worker-%d", i)), Name: fmt.Sprintf("worker-%d", i)})
 		if err != nil {
-			return nil, fmt.Errorf("runneltest: %w", err)
+			return fmt.Errorf("runneltest: %w", err)
 		}
 		d.workers = append(d.workers, w)
 		d.wg.Add(1)
@@ -149,9 +161,28 @@ func Start(a *app.App, o Options) (_ *Driver, err error) {
 		}
 		return true, nil
 	}); err != nil {
-		return nil, fmt.Errorf("runneltest: start: %w", err)
+		return fmt.Errorf("runneltest: start: %w", err)
 	}
-	return d, nil
+	return nil
+}
+
+// Restart stops every worker cleanly, deletes their stores and starts them
+// again: each table is then restored from its changelog, as on a machine that
+// lost its disk, and the sources resume from the group's committed offsets.
+// It returns when the new workers are ready (restored), or the stopped
+// workers' errors. The broker and everything in it survive.
+func (d *Driver) Restart() error {
+	d.cancel()
+	d.wg.Wait()
+	if err := d.workerErr(); err != nil {
+		return fmt.Errorf("runneltest: restart: %w", err)
+	}
+	for i := range d.n {
+		if err := os.RemoveAll(filepath.Join(d.dir, fmt.Sprintf("worker-%d", i))); err != nil {
+			return fmt.Errorf("runneltest: restart: %w", err)
+		}
+	}
+	return d.startWorkers()
 }
 
 // Close stops the workers cleanly (they leave the group and commit), the

@@ -237,3 +237,40 @@ func TestAgentFailureIsReported(t *testing.T) {
 		t.Errorf("Wait = %v, want the agent's error", err)
 	}
 }
+
+// TestRestartRestoresTables: after Restart the workers' stores are gone and
+// the table is restored from its changelog; counting goes on from the
+// restored values, and the sources resume at the committed offsets (nothing
+// counted twice).
+func TestRestartRestoresTables(t *testing.T) {
+	w := buildWordCount()
+	d := start(t, w.app, runneltest.Options{Workers: 2})
+	in := make([]runneltest.Record[string, string], 50)
+	for i := range in {
+		in[i] = runneltest.Record[string, string]{Key: fmt.Sprint(i), Value: "a b"}
+	}
+	if err := runneltest.SendAll(d, w.lines, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := runneltest.SendAll(d, w.lines, in[:10]); err != nil {
+		t.Fatal(err)
+	}
+	for word, want := range map[string]int64{"a": 60, "b": 60} {
+		if n, _, err := runneltest.Get(d, w.counts, word); err != nil || n != want {
+			t.Errorf("count of %s after the restart = %d, %v; want %d", word, n, err, want)
+		}
+	}
+	var processed int64
+	for _, wk := range d.Workers() {
+		processed += wk.Processed()
+	}
+	if processed != 10+20 {
+		t.Errorf("the restarted workers processed %d records, want 30 (10 lines, 20 words)", processed)
+	}
+}
