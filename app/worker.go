@@ -360,7 +360,12 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	closers = append(closers, func() error { stopPlog(); <-plogDone; return nil })
 	restoreMetrics := w.metrics.restoreProgress(w.tableOfChangelog)
 	w.restorer = &changelog.Restorer{Client: offClient, Consumer: consumer, Logger: w.log, ProgressInterval: time.Second,
-		OnProgress: func(pr changelog.Progress) { restoreMetrics(pr); plog.Observe(pr) }}
+		OnProgress: func(pr changelog.Progress) {
+			if !pr.Stopped { // the gauges and the status page keep the last position read
+				restoreMetrics(pr)
+			}
+			plog.Observe(pr)
+		}}
 
 	for _, tt := range w.graph.Tables {
 		var def table.Def

@@ -159,7 +159,10 @@ type Progress struct {
 	// that rate (0 when unknown or done).
 	Rate float64
 	ETA  time.Duration
-	Done bool
+	// Done is set on the final report of a restore that reached its target;
+	// Stopped on the last report of one that ended early (cancelled by a
+	// revoke, or failed): it will not report again.
+	Done, Stopped bool
 }
 
 // Restorer reads changelog partitions into stores. Fields are read-only once
@@ -238,6 +241,10 @@ func (r *Restorer) Restore(ctx context.Context, topic string, p int32, st stores
 	res, err := r.run(ctx, topic, p, st, false, o)
 	res.Elapsed = time.Since(start)
 	if err != nil {
+		// The restore ends without its final report: say so, so that a
+		// summary (ProgressLog) does not wait for it.
+		r.report(Progress{Topic: topic, Partition: p, Records: res.Records, Skipped: res.Skipped, From: res.From,
+			Position: res.From, Target: res.To, Elapsed: res.Elapsed, Stopped: true})
 		return res, fmt.Errorf("restore %s[%d]: %w", topic, p, err)
 	}
 	return res, nil

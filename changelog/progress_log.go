@@ -78,6 +78,10 @@ func (l *ProgressLog) Observe(pr Progress) {
 		l.started = time.Now()
 	}
 	k := topicPartition{pr.Topic, pr.Partition}
+	if pr.Stopped { // cancelled (a revoke) or failed: not part of the round any more
+		delete(l.parts, k)
+		return
+	}
 	pl, ok := l.parts[k]
 	if !ok || pl.last.Done && !pr.Done { // a new restore of a partition restored before in the round
 		pl = partLog{from: min(pr.From, pr.Position)}

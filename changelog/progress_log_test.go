@@ -2,7 +2,9 @@ package changelog_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -89,6 +91,19 @@ func TestProgressLogOneLine(t *testing.T) {
 	if got := lines(); len(got) != 0 {
 		t.Fatalf("lines after the round ended: %v", got)
 	}
+	// A restore stopped early (a revoke) leaves the round: the round ends
+	// when the others are done.
+	l.Observe(changelog.Progress{Topic: "app-counts-changelog", Partition: 5, From: 0, Position: 0, Target: 100})
+	l.Observe(changelog.Progress{Topic: "app-counts-changelog", Partition: 6, From: 0, Position: 0, Target: 10})
+	l.Observe(changelog.Progress{Topic: "app-counts-changelog", Partition: 5, From: 0, Position: 0, Target: 100, Stopped: true})
+	l.Observe(changelog.Progress{Topic: "app-counts-changelog", Partition: 6, From: 0, Position: 10, Target: 10, Done: true})
+	l.Log()
+	got = lines()
+	if len(got) != 1 {
+		t.Fatalf("%d lines, want 1: %v", len(got), got)
+	}
+	wantAttrs(t, got[0], map[string]any{"msg": "restore done", "partitions_done": 1, "partitions": 1, "records": 10, "records_total": 10})
+
 	// A new round (a rebalance) counts from its own first report.
 	l.Observe(changelog.Progress{Topic: "app-totals-changelog", Partition: 3, From: 10, Position: 15, Target: 20})
 	l.Log()
@@ -125,5 +140,35 @@ func TestProgressLogFromRestores(t *testing.T) {
 	wantAttrs(t, got[0], map[string]any{"msg": "restore done", "partitions_done": 2, "partitions": 2, "records": 75, "records_total": 75})
 	if restorerLog.Len() != 0 {
 		t.Errorf("the restorer logged at info level: %s", restorerLog.String())
+	}
+}
+
+// TestRestoreStoppedReport: a restore cancelled before its target makes one
+// last report, Stopped, so that the summary does not wait for it.
+func TestRestoreStoppedReport(t *testing.T) {
+	e := newEnv(t)
+	topic := e.topic("cl", nil)
+	var recs []rec
+	for i := range 20 {
+		recs = append(recs, rec{key: fmt.Sprintf("k%d", i), value: "v"})
+	}
+	e.produce(topic, recs...)
+	var got []changelog.Progress
+	e.restorer.OnProgress = func(p changelog.Progress) { got = append(got, p) }
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := e.restorer.Restore(ctx, topic, 0, stores.NewMemory()); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Restore with a cancelled context: %v", err)
+	}
+	if len(got) == 0 || !got[len(got)-1].Stopped || got[len(got)-1].Done {
+		t.Fatalf("reports %+v, want the last one Stopped", got)
+	}
+	l, lines := logLines(t)
+	for _, p := range got {
+		l.Observe(p)
+	}
+	l.Log()
+	if got := lines(); len(got) != 0 {
+		t.Errorf("lines for a round whose only restore stopped: %v", got)
 	}
 }
