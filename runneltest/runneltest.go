@@ -69,8 +69,9 @@ type Driver struct {
 // Start starts an embedded broker, creates the app's topics and runs
 // o.Workers workers of a, with their stores in a temporary directory. It
 // returns when every worker joined the group and restored its tables. The
-// app must not run elsewhere; Start changes its broker, data directory,
-// group timeouts and commit interval for the test (app.App.Configure).
+// app must not run elsewhere; Start changes its broker, logger, group
+// timeouts and commit interval for the test, and turns its HTTP listener and
+// static membership off (app.App.Configure).
 // Close stops everything.
 func Start(a *app.App, o Options) (_ *Driver, err error) {
 	if o.Workers <= 0 {
@@ -100,9 +101,12 @@ func Start(a *app.App, o Options) (_ *Driver, err error) {
 		}
 	}()
 	// The short group timeouts of Runnel's own tests on kfake (a member
-	// waiting in JoinGroup is evicted after the session timeout there).
+	// waiting in JoinGroup is evicted after the session timeout there). No
+	// HTTP listener (workers of one test would share its port) and no static
+	// membership (workers sharing a group.instance.id fence each other,
+	// KIP-345), whatever the app or RUNNEL_* say.
 	t := kafka.TestTimeouts
-	a.Configure(app.WithBrokers(broker.Addrs()...), app.WithLogger(o.Logger),
+	a.Configure(app.WithBrokers(broker.Addrs()...), app.WithLogger(o.Logger), app.WithHTTPAddr(""), app.WithInstanceID(""),
 		app.WithCommitInterval(o.CommitInterval), app.WithGroupTimeouts(t.Session, t.Heartbeat, t.Rebalance, t.MaxWait))
 	if a.Config().Guarantee == app.ExactlyOnce {
 		d.isolation = sarama.ReadCommitted

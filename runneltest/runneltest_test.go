@@ -72,9 +72,11 @@ func start(t *testing.T, a *app.App, o runneltest.Options) *runneltest.Driver {
 
 // TestCountsAreExact sends 300 lines over 2 workers, 4 partitions and a
 // repartition hop, and reads back every count: one record lost or counted
-// twice anywhere on the path makes a count differ.
+// twice anywhere on the path makes a count differ. The app names an HTTP
+// address and a static instance ID, which two workers of one process cannot
+// share: Start turns both off.
 func TestCountsAreExact(t *testing.T) {
-	w := buildWordCount()
+	w := buildWordCount(app.WithHTTPAddr("127.0.0.1:18089"), app.WithInstanceID("one"))
 	d := start(t, w.app, runneltest.Options{Workers: 2})
 	want := map[string]int64{}
 	var in []runneltest.Record[string, string]
