@@ -393,7 +393,21 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("consumer: %w", err)
 	}
 	closers = append(closers, consumer.Close)
-	w.restorer = &changelog.Restorer{Client: offClient, Consumer: consumer, Logger: w.log, OnProgress: w.metrics.restoreProgress(w.tableOfChangelog)}
+	// The log has one summary line for all restores every 5 s (and one when
+	// they are done), not a line per partition: changelog.ProgressLog.
+	plog := &changelog.ProgressLog{Logger: w.log, TableOf: w.tableOfChangelog}
+	plogCtx, stopPlog := context.WithCancel(ctx)
+	plogDone := make(chan struct{})
+	go func() { defer close(plogDone); plog.Run(plogCtx) }()
+	closers = append(closers, func() error { stopPlog(); <-plogDone; return nil })
+	restoreMetrics := w.metrics.restoreProgress(w.tableOfChangelog)
+	w.restorer = &changelog.Restorer{Client: offClient, Consumer: consumer, Logger: w.log, ProgressInterval: time.Second,
+		OnProgress: func(pr changelog.Progress) {
+			if !pr.Stopped { // the gauges and the status page keep the last position read
+				restoreMetrics(pr)
+			}
+			plog.Observe(pr)
+		}}
 
 	for _, tt := range w.graph.Tables {
 		var def table.Def
@@ -809,7 +823,11 @@ func (tp *tableParts) acquire(ctx context.Context, k restoreKey) error {
 		w.restored.Add(res.Records)
 		w.restoredSpan.Add(res.To - res.Start)
 		w.metrics.restored.WithLabelValues(k.table).Add(float64(res.Records))
-		w.log.Info("restored", "table", k.table, "partition", k.p, "records", res.Records,
+		lvl := slog.LevelDebug // the restore summary (changelog.ProgressLog) has the totals
+		if res.Rebuilt {
+			lvl = slog.LevelInfo
+		}
+		w.log.Log(ctx, lvl, "restored", "table", k.table, "partition", k.p, "records", res.Records,
 			"from", res.From, "to", res.To, "rebuilt", res.Rebuilt, "elapsed", res.Elapsed)
 		if g.err = w.activatePartition(t, k.p); g.err == nil {
 			g.err = t.state.SetActive(k.p, true)

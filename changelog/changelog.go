@@ -149,16 +149,20 @@ func SkipUncommitted(f CommittedFunc) Option { return func(o *runOpts) { o.commi
 type Progress struct {
 	Topic     string
 	Partition int32
-	// Records applied (and skipped) so far; Position is the offset after the
-	// last record read; Target the highwater captured at start.
-	Records, Skipped int64
-	Position, Target int64
-	Elapsed          time.Duration
+	// Records applied (and skipped) so far; From is the offset the restore
+	// started reading at, Position the offset after the last record read,
+	// Target the highwater captured at start.
+	Records, Skipped       int64
+	From, Position, Target int64
+	Elapsed                time.Duration
 	// Rate is records read per second so far; ETA the remaining offsets at
 	// that rate (0 when unknown or done).
 	Rate float64
 	ETA  time.Duration
-	Done bool
+	// Done is set on the final report of a restore that reached its target;
+	// Stopped on the last report of one that ended early (cancelled by a
+	// revoke, or failed): it will not report again.
+	Done, Stopped bool
 }
 
 // Restorer reads changelog partitions into stores. Fields are read-only once
@@ -172,7 +176,7 @@ type Restorer struct {
 	// 442k at 5000 on 2 cores; docs/tables.md).
 	BatchSize int
 	// ProgressInterval is how often a restore reports Progress to OnProgress and
-	// the log; default 5 s. A final report is always made.
+	// the debug log; default 5 s. A first and a final report are always made.
 	ProgressInterval time.Duration
 	// OnProgress, if set, receives every progress report (restores only, not Follow).
 	OnProgress func(Progress)
@@ -237,6 +241,10 @@ func (r *Restorer) Restore(ctx context.Context, topic string, p int32, st stores
 	res, err := r.run(ctx, topic, p, st, false, o)
 	res.Elapsed = time.Since(start)
 	if err != nil {
+		// The restore ends without its final report: say so, so that a
+		// summary (ProgressLog) does not wait for it.
+		r.report(Progress{Topic: topic, Partition: p, Records: res.Records, Skipped: res.Skipped, From: res.From,
+			Position: res.From, Target: res.To, Elapsed: res.Elapsed, Stopped: true})
 		return res, fmt.Errorf("restore %s[%d]: %w", topic, p, err)
 	}
 	return res, nil
@@ -346,7 +354,7 @@ func (r *Restorer) run(ctx context.Context, topic string, p int32, st stores.Sto
 		res.From, res.To = from, end
 		if from >= end && !follow {
 			res.Start = min(res.Start, end)
-			r.report(Progress{Topic: topic, Partition: p, Position: from, Target: end, Done: true}, false)
+			r.report(Progress{Topic: topic, Partition: p, From: from, Position: from, Target: end, Done: true})
 			return res, nil
 		}
 		n, skipped, err := r.consume(ctx, topic, p, st, from, end, follow, o, &res.Fenced)
@@ -528,14 +536,14 @@ func (r *Restorer) onlyControlBelow(topic string, p int32, from, end int64) (boo
 	return true, nil
 }
 
-func (r *Restorer) report(pr Progress, quiet bool) {
+// report passes pr to OnProgress and logs it at debug level: the worker's
+// log has one summary line for all its restores (ProgressLog), not one per
+// partition.
+func (r *Restorer) report(pr Progress) {
 	if r.OnProgress != nil {
 		r.OnProgress(pr)
 	}
-	if quiet {
-		return
-	}
-	r.logger().Info("restore progress", "topic", pr.Topic, "partition", pr.Partition, "records", pr.Records,
+	r.logger().Debug("restore progress", "topic", pr.Topic, "partition", pr.Partition, "records", pr.Records,
 		"skipped", pr.Skipped, "position", pr.Position, "target", pr.Target, "records_per_s", int64(pr.Rate),
 		"eta", pr.ETA.Round(time.Millisecond), "done", pr.Done)
 }
@@ -572,14 +580,17 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 	pos := from // offset after the last record read
 	progress := func(done bool) {
 		el := time.Since(started)
-		pr := Progress{Topic: topic, Partition: p, Records: n, Skipped: skipped, Position: pos, Target: end, Elapsed: el, Done: done}
+		pr := Progress{Topic: topic, Partition: p, Records: n, Skipped: skipped, From: from, Position: pos, Target: end, Elapsed: el, Done: done}
 		if s := el.Seconds(); s > 0 {
 			pr.Rate = float64(pos-from) / s
 		}
 		if !done && pr.Rate > 0 && end > pos {
 			pr.ETA = time.Duration(float64(end-pos) / pr.Rate * float64(time.Second))
 		}
-		r.report(pr, false)
+		r.report(pr)
+	}
+	if !follow {
+		progress(false) // the first report: the partition and its target
 	}
 
 	// Source-offset marks: the store keeps, per source partition, the highest

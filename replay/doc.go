@@ -38,7 +38,10 @@
 //
 // Idempotent effects (DESIGN.md §6): Dedup is a table of event IDs with a
 // TTL in a Pebble store under the data directory, and SQLOnce applies an
-// effect once through a database/sql unique constraint.
+// effect once through a database/sql unique constraint. The version guard
+// (NewVersionedTable, SetVersion, DeleteVersion) keeps an older event of an
+// entity from overwriting a newer state: the table's values carry their
+// business version, in the store and the changelog (docs/replay.md).
 //
 // replay must never commit an offset in the live group, never commit an
 // offset before the effect of the records below it returned, and never report

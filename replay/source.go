@@ -10,6 +10,7 @@ import (
 
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/agent/source"
+	"github.com/runnel-dev/runnel/internal/kafka"
 )
 
 // producer is the shared-source producer of one replayed partition: it reads
@@ -50,7 +51,7 @@ func (pr *producer) read(ctx context.Context, emit func(*source.Record, any) err
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		res, err := fetchAt(ctx, pr.client, topic, part, pos, pr.opts.FetchMaxWait, pr.opts.isolation())
+		res, err := kafka.FetchAt(ctx, pr.client, topic, part, pos, pr.opts.FetchMaxWait, pr.opts.isolation())
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -73,32 +74,32 @@ func (pr *producer) read(ctx context.Context, emit func(*source.Record, any) err
 		retries = 0
 		fetchOffset := pos
 		prev := int64(-1)
-		for _, r := range res.records {
-			if r.offset <= prev {
-				return fmt.Errorf("replay %s[%d]: record at %d after %d in one fetch: %w", topic, part, r.offset, prev, ErrBackwards)
+		for _, r := range res.Records {
+			if r.Offset <= prev {
+				return fmt.Errorf("replay %s[%d]: record at %d after %d in one fetch: %w", topic, part, r.Offset, prev, ErrBackwards)
 			}
-			prev = r.offset
-			if r.offset < fetchOffset && pos == fetchOffset {
+			prev = r.Offset
+			if r.Offset < fetchOffset && pos == fetchOffset {
 				// The head of a batch that starts before the fetch offset:
 				// Kafka returns whole batches.
 				continue
 			}
-			if r.offset < pos {
-				return fmt.Errorf("replay %s[%d]: record at %d, expected %d or later: %w", topic, part, r.offset, pos, ErrBackwards)
+			if r.Offset < pos {
+				return fmt.Errorf("replay %s[%d]: record at %d, expected %d or later: %w", topic, part, r.Offset, pos, ErrBackwards)
 			}
-			if r.offset >= stop {
+			if r.Offset >= stop {
 				break
 			}
-			p.gaps.Add(r.offset - pos)
+			p.gaps.Add(r.Offset - pos)
 			p.records.Add(1)
-			pos = r.offset + 1
-			if pr.plan.TimeRange() && (r.timestamp.Before(pr.plan.From) || !r.timestamp.Before(pr.plan.To)) {
+			pos = r.Offset + 1
+			if pr.plan.TimeRange() && (r.Timestamp.Before(pr.plan.From) || !r.Timestamp.Before(pr.plan.To)) {
 				p.outOfRange.Add(1)
 				p.position.Store(pos)
 				continue
 			}
-			rec := &source.Record{Topic: topic, Partition: part, Offset: r.offset, Key: r.key, Value: r.value, Timestamp: r.timestamp}
-			for _, h := range r.headers {
+			rec := &source.Record{Topic: topic, Partition: part, Offset: r.Offset, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
+			for _, h := range r.Headers {
 				rec.Headers = append(rec.Headers, source.Header{Key: h.Key, Value: h.Value})
 			}
 			p.emitted.Add(1)
@@ -113,7 +114,7 @@ func (pr *producer) read(ctx context.Context, emit func(*source.Record, any) err
 		// Offsets after the last data record up to the end of the last batch
 		// returned are control records (transaction markers), aborted or
 		// compacted records.
-		if next := min(res.next, stop); next > pos {
+		if next := min(res.Next, stop); next > pos {
 			p.gaps.Add(next - pos)
 			pos = next
 			p.position.Store(pos)
@@ -122,7 +123,7 @@ func (pr *producer) read(ctx context.Context, emit func(*source.Record, any) err
 			lastProgress = time.Now()
 			continue
 		}
-		if res.batches == 0 && res.highwater >= stop && res.highwater > pos {
+		if res.Batches == 0 && res.Highwater >= stop && res.Highwater > pos {
 			// Nothing is left to read below the highwater at pos (the rest of
 			// the range was removed): under read_uncommitted the fetch would
 			// have returned it.
