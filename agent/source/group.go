@@ -21,7 +21,7 @@ const (
 )
 
 // bindState is the state of one (record, subscriber) pair; see the state
-// machine in ack-mode.md §1.4.
+// machine in docs/design.md §3.3.
 type bindState uint8
 
 const (
@@ -446,7 +446,7 @@ func (g *group) emitFast(rec *Record) error {
 	return nil
 }
 
-// emit fans one record out in ack mode (ack-mode.md §1.3).
+// emit fans one record out in ack mode (docs/design.md §3.2).
 func (g *group) emit(rec *Record, payload any) error {
 	if !g.live.Load() { // live is cleared before the poll context is cancelled
 		if err := g.ctx.Err(); err != nil {
@@ -745,7 +745,7 @@ func (g *group) closeWindowLocked(s *subscriber) {
 	}
 }
 
-// pump is the single advance pump (ack-mode.md §1.9): at most one Advance in
+// pump is the single advance pump (docs/design.md §3.6): at most one Advance in
 // flight, one batch per lane per pass, passes repeated while they progress;
 // after pumpStop it drains what is resolved and exits.
 func (g *group) pump() {
@@ -844,7 +844,7 @@ func (g *group) harvestLocked(ln *lane, dst []*entry) []*entry {
 	return popped
 }
 
-// scan is the ack-timeout scanner (ack-mode.md §1.8).
+// scan is the ack-timeout scanner (docs/design.md §3.5).
 func (g *group) scan() {
 	t := time.NewTicker(g.m.cadence)
 	defer t.Stop()

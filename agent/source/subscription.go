@@ -103,7 +103,7 @@ func (g *group) deliverLocked(sub *subscriber, d *Delivery) {
 	}
 }
 
-// Unsubscribe removes the subscriber (ack-mode.md §1.5, GONE): its queue is
+// Unsubscribe removes the subscriber (docs/design.md §3.4, GONE): its queue is
 // dropped; records it never pulled count FAILED; its open window is closed
 // and counts ACKED when nothing bound in it is unconfirmed (otherwise it keeps
 // waiting for the confirmations). With cause != nil the open window counts

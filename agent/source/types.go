@@ -122,7 +122,7 @@ const (
 	// the group are unaffected.
 	FailSubscriber Overflow = iota
 	// Backpressure makes emit block until every snapshot member has room
-	// (Kafka sources, DESIGN.md §3: pause fetching instead of failing).
+	// (Kafka sources, docs/design.md §3.2: pause fetching instead of failing).
 	Backpressure
 )
 
