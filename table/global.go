@@ -156,13 +156,7 @@ func (t *GlobalTable[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error)
 func (t *GlobalTable[K, V]) Delete(ev Event, key K) error { return deleteKey[K, V](t, ev, key) }
 
 // writer implements writable.
-func (t *GlobalTable[K, V]) writer(ev Event) (partitionWriter, error) {
-	s, err := t.current(ev)
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
-}
+func (t *GlobalTable[K, V]) writer(ev Event) (partitionWriter, error) { return writerOf(t.current(ev)) }
 
 // written implements writable: a global table has no joins to run.
 func (t *GlobalTable[K, V]) written(Event, K) error { return nil }

@@ -296,13 +296,7 @@ func (t *Table[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
 func (t *Table[K, V]) Delete(ev Event, key K) error { return deleteKey[K, V](t, ev, key) }
 
 // writer implements writable.
-func (t *Table[K, V]) writer(ev Event) (partitionWriter, error) {
-	s, err := t.current(ev)
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
-}
+func (t *Table[K, V]) writer(ev Event) (partitionWriter, error) { return writerOf(t.current(ev)) }
 
 // ErrNotRunning is returned by table operations outside a running worker.
 var ErrNotRunning = errors.New("table is not attached to a running worker")

@@ -39,22 +39,7 @@ type writable[K any, V any] interface {
 // setKey writes value under key in the current commit cycle of ev's
 // partition, then runs t's watchers.
 func setKey[K any, V any](t writable[K, V], ev Event, key K, value V) error {
-	w, err := t.writer(ev)
-	if err != nil {
-		return err
-	}
-	kb, err := t.encodeKey(key)
-	if err != nil {
-		return err
-	}
-	vb, err := t.encodeValue(value)
-	if err != nil {
-		return err
-	}
-	if err := w.write(ev, kb, vb, false); err != nil {
-		return err
-	}
-	return t.written(ev, key)
+	return writeKey(t, ev, key, &value)
 }
 
 // updateKey replaces key's value with fn(old) under the partition's
@@ -75,6 +60,14 @@ func updateKey[K any, V any](t writable[K, V], ev Event, key K, fn func(old V) V
 // deleteKey writes a tombstone for key in the current commit cycle of ev's
 // partition, then runs t's watchers.
 func deleteKey[K any, V any](t writable[K, V], ev Event, key K) error {
+	return writeKey(t, ev, key, nil)
+}
+
+// writeKey is Set (value non-nil) and Delete (value nil). Its errors come in
+// this order: ErrNotRunning, the key codec's, the value codec's, then the
+// write's (ErrNotCoPartitioned, ErrNotActive, ErrOutsideWindow) and the
+// watchers'.
+func writeKey[K any, V any](t writable[K, V], ev Event, key K, value *V) error {
 	w, err := t.writer(ev)
 	if err != nil {
 		return err
@@ -83,8 +76,23 @@ func deleteKey[K any, V any](t writable[K, V], ev Event, key K) error {
 	if err != nil {
 		return err
 	}
-	if err := w.write(ev, kb, nil, true); err != nil {
+	var vb []byte
+	if value != nil {
+		if vb, err = t.encodeValue(*value); err != nil {
+			return err
+		}
+	}
+	if err := w.write(ev, kb, vb, value == nil); err != nil {
 		return err
 	}
 	return t.written(ev, key)
+}
+
+// writerOf adapts a table's runtime lookup (Table.current,
+// GlobalTable.current) to writable.writer.
+func writerOf[S partitionWriter](s S, err error) (partitionWriter, error) {
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
 }
