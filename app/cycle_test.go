@@ -18,23 +18,6 @@ import (
 	"github.com/runnel-dev/runnel/table"
 )
 
-// highwaters returns the highwater of every partition of topic.
-func highwaters(t *testing.T, client sarama.Client, topic string, n int32) map[int32]int64 {
-	t.Helper()
-	out := map[int32]int64{}
-	for p := int32(0); p < n; p++ {
-		if err := client.RefreshMetadata(topic); err != nil {
-			t.Fatal(err)
-		}
-		hw, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[p] = hw
-	}
-	return out
-}
-
 // goWorker runs a worker of a with its own data dir until stop, which
 // cancels it and returns Run's error.
 func goWorker(t *testing.T, a *app.App, brokers []string, dir string) (w *app.Worker, stop func() error) {
@@ -43,10 +26,7 @@ func goWorker(t *testing.T, a *app.App, brokers []string, dir string) (w *app.Wo
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	return w, func() error { cancel(); return <-done }
+	return w, testbroker.Start(t, w)
 }
 
 // words returns n records over the given words, round robin, and the count
@@ -75,8 +55,8 @@ func TestFinalCycleWritesOneRecordPerKey(t *testing.T) {
 	recs, want := words(400, keys...)
 	dir := t.TempDir()
 	w, stop := goWorker(t, c.app, brokers, dir)
-	client := newClient(t, brokers)
-	waitTopic(t, client, c.words.Name())
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, c.words.Name())
 	send(t, brokers, c.words.Name(), recs...)
 	// Every record is processed (and held in the caches: no cycle yet, so no
 	// changelog record and no commit) before the stop.
@@ -88,7 +68,7 @@ func TestFinalCycleWritesOneRecordPerKey(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	for p, hw := range highwaters(t, client, cl, parts) {
+	for p, hw := range testbroker.Highwaters(t, client, cl) {
 		if hw != 0 {
 			t.Fatalf("changelog partition %d has %d records before any cycle", p, hw)
 		}
@@ -106,7 +86,7 @@ func TestFinalCycleWritesOneRecordPerKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	var total int64
-	for _, hw := range highwaters(t, client, cl, parts) {
+	for _, hw := range testbroker.Highwaters(t, client, cl) {
 		total += hw
 	}
 	if total != int64(len(keys)) {
@@ -167,8 +147,8 @@ func TestFullCacheStartsCycle(t *testing.T) {
 	keys := wordPerPartition("k")
 	dir := t.TempDir()
 	_, stop := goWorker(t, c.app, brokers, dir)
-	client := newClient(t, brokers)
-	waitTopic(t, client, c.words.Name())
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, c.words.Name())
 	want := map[string]int{}
 	for range 3 {
 		recs, n := words(100, keys...)
@@ -176,16 +156,14 @@ func TestFullCacheStartsCycle(t *testing.T) {
 			want[k] += v
 		}
 		send(t, brokers, c.words.Name(), recs...)
-		if err := app.WaitForLag0(context.Background(), client, id, []string{c.words.Name()}, 30*time.Second); err != nil {
-			t.Fatal(err)
-		}
+		testbroker.WaitLag0(t, brokers, id, c.words.Name())
 	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	wantCounts(t, storeTable(t, dir, "counts"), want)
 	var total int64
-	for _, hw := range highwaters(t, client, changelog.Topic(id, "counts"), parts) {
+	for _, hw := range testbroker.Highwaters(t, client, changelog.Topic(id, "counts")) {
 		total += hw
 	}
 	if total < 3*int64(len(keys)) || total > 300 {
@@ -209,16 +187,16 @@ func TestForeignKeyIsDeadLettered(t *testing.T) {
 	dir := t.TempDir()
 	runWorker(t, brokers, c, dir, recs...) // lag 0: nothing stopped the worker
 	wantCounts(t, storeTable(t, dir, "counts"), map[string]int{ws[0]: 2, ws[1]: 1})
-	client := newClient(t, brokers)
+	client := testbroker.Client(t, brokers)
 	dlq := id + "-count-dlq"
-	waitTopic(t, client, dlq)
+	testbroker.WaitTopic(t, client, dlq)
 	var msgs []*sarama.ConsumerMessage
 	consumer, err := sarama.NewConsumerFromClient(client)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer consumer.Close()
-	for p, hw := range highwaters(t, client, dlq, 1) {
+	for p, hw := range testbroker.Highwaters(t, client, dlq) {
 		if hw == 0 {
 			continue
 		}
@@ -269,7 +247,7 @@ func TestChangelogRecordTooLargeStopsWorker(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- w.Run(context.Background()) }()
-	waitTopic(t, newClient(t, brokers), c.words.Name())
+	testbroker.WaitTopic(t, testbroker.Client(t, brokers), c.words.Name())
 	send(t, brokers, c.words.Name(), kv{wordPerPartition("w")[0], "big"})
 	select {
 	case err := <-done:

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/app"
@@ -59,20 +58,13 @@ func runUntilLag0(t *testing.T, o *opsApp, brokers []string, dir string, before 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	client := newClient(t, brokers)
-	waitTopic(t, client, o.words.Name())
+	stop := testbroker.Start(t, w)
+	testbroker.WaitTopic(t, testbroker.Client(t, brokers), o.words.Name())
 	if before != nil {
 		before()
 	}
-	err = app.WaitForLag0(ctx, client, o.app.ID(), []string{o.words.Name()}, 30*time.Second)
-	cancel()
-	if werr := <-done; werr != nil {
-		t.Fatal(werr)
-	}
-	if err != nil {
+	testbroker.WaitLag0(t, brokers, o.app.ID(), o.words.Name())
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	return w
@@ -88,7 +80,7 @@ func TestDeadLetterCommands(t *testing.T) {
 	id := testbroker.Topic(t, "app")
 	o := newOpsApp(t, id)
 	dir := t.TempDir()
-	client := newClient(t, brokers)
+	client := testbroker.Client(t, brokers)
 	var sentAt [][2]int64
 	w := runUntilLag0(t, o, brokers, dir, func() {
 		var recs []kv

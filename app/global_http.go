@@ -41,7 +41,7 @@ type TableAnswer struct {
 	Error string `json:"error,omitempty"`
 }
 
-// serveTables registers GET /api/tables/{table}/{key} (DESIGN.md §8):
+// serveTables registers GET /api/tables/{table}/{key} (docs/http-api.md):
 //   - a global table is answered from the local replica (docs/tables.md on its
 //     staleness);
 //   - a plain table is answered locally when this worker is active for the

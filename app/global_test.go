@@ -238,20 +238,18 @@ func TestGlobalTableThreeWorkers(t *testing.T) {
 	}
 
 	w1 := startGlobalWorker(t, brokers, id, dirs[0], "w1")
-	client := newClient(t, brokers)
+	client := testbroker.Client(t, brokers)
 	topic := w1.g.in.Name()
-	waitTopic(t, client, topic)
+	testbroker.WaitTopic(t, client, topic)
 	pr := newGProducer(t, brokers, topic)
 	for i := 0; i < 600; i++ {
 		pr.send(keys[i%len(keys)])
 	}
-	if err := app.WaitForLag0(context.Background(), client, id, []string{topic}, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	testbroker.WaitLag0(t, brokers, id, topic)
 	// Commit cycles write one changelog record per key per cycle: what the
 	// 600 writes left is what the start-up restores must cover at least.
 	var before int64
-	for _, hw := range highwaters(t, client, w1.g.latest.Changelog(), gparts) {
+	for _, hw := range testbroker.Highwaters(t, client, w1.g.latest.Changelog()) {
 		before += hw
 	}
 
@@ -282,9 +280,7 @@ func TestGlobalTableThreeWorkers(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // keep writing under the new assignment
 	close(stopWriting)
 	<-writing
-	if err := app.WaitForLag0(context.Background(), client, id, []string{topic}, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	testbroker.WaitLag0(t, brokers, id, topic)
 	// The broker compacts the changelog (kfake ignores min.compaction.lag.ms),
 	// so restores are checked by the offset span they covered, not by records.
 	r2, s2 := w2.w.GlobalRestored()
@@ -380,9 +376,7 @@ func TestGlobalTableThreeWorkers(t *testing.T) {
 	// HTTP: a global key is served by every worker from its replica; a plain
 	// table key by its owner, forwarded by the others, and with forward=0 a
 	// non-owner names the owner.
-	if err := app.WaitForLag0(context.Background(), client, id, []string{topic}, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	testbroker.WaitLag0(t, brokers, id, topic)
 	converged(t, ws, pr.last, 10*time.Second)
 	k := foreign[0]
 	for _, rw := range ws {
@@ -412,9 +406,7 @@ func TestGlobalTableThreeWorkers(t *testing.T) {
 	for i := 0; i < 90; i++ {
 		pr.send(fmt.Sprintf("tail-%02d", i))
 	}
-	if err := app.WaitForLag0(context.Background(), client, id, []string{topic}, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	testbroker.WaitLag0(t, brokers, id, topic)
 	converged(t, []*runningWorker{w1, w2}, pr.last, 20*time.Second)
 	st, err := stores.OpenPebble(filepath.Join(dirs[2], "tables", "latest"), stores.PebbleOptions{})
 	if err != nil {

@@ -189,8 +189,8 @@ func metricsAfterRecords(t *testing.T, opts ...app.Option) {
 			t.Error(err)
 		}
 	}()
-	client := newClient(t, brokers)
-	waitTopic(t, client, o.words.Name())
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, o.words.Name())
 	var recs []kv
 	for i := range 40 {
 		v := "ok"
@@ -200,9 +200,7 @@ func metricsAfterRecords(t *testing.T, opts ...app.Option) {
 		recs = append(recs, kv{fmt.Sprintf("w%d", i%10), v})
 	}
 	send(t, brokers, o.words.Name(), recs...)
-	if err := app.WaitForLag0(ctx, client, o.app.ID(), []string{o.words.Name()}, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	testbroker.WaitLag0(t, brokers, o.app.ID(), o.words.Name())
 	body := httpGet(t, "http://"+o.addr+"/metrics")
 	words := o.words.Name()
 	wantSample(t, body, 40, "runnel_records_processed_total", "topic="+words, "agent=count")
@@ -249,9 +247,7 @@ func metricsAfterRecords(t *testing.T, opts ...app.Option) {
 	// not needed; records sent while the worker runs are eventually
 	// processed and the gauge returns to 0, with the new counts.
 	send(t, brokers, words, kv{"w1", "ok"}, kv{"w2", "ok"})
-	if err := app.WaitForLag0(ctx, client, o.app.ID(), []string{words}, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	testbroker.WaitLag0(t, brokers, o.app.ID(), words)
 	body = httpGet(t, "http://"+o.addr+"/metrics")
 	wantSample(t, body, 42, "runnel_records_processed_total", "topic="+words, "agent=count")
 	wantSample(t, body, 39, "runnel_records_sent_total", "topic="+o.out.Name(), "agent=fwd")
@@ -259,9 +255,7 @@ func metricsAfterRecords(t *testing.T, opts ...app.Option) {
 	// A record that always fails: 2 redeliveries (MaxRetries), then a dead
 	// letter.
 	send(t, brokers, words, kv{"w4", "poison"})
-	if err := app.WaitForLag0(ctx, client, o.app.ID(), []string{words}, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	testbroker.WaitLag0(t, brokers, o.app.ID(), words)
 	body = httpGet(t, "http://"+o.addr+"/metrics")
 	wantSample(t, body, 2, "runnel_records_retried_total", "topic="+words, "agent=fwd")
 	wantSample(t, body, 4, "runnel_dead_letters_total", "topic="+words, "agent=fwd")

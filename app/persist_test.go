@@ -59,7 +59,7 @@ func TestWorkerPersistsAssignment(t *testing.T) {
 		}
 	}
 	rs := []running{start(dirs[0])}
-	waitTopic(t, newClient(t, brokers), c.words.Name())
+	testbroker.WaitTopic(t, testbroker.Client(t, brokers), c.words.Name())
 	rs = append(rs, start(dirs[1]))
 	want := settle(rs)
 	for i, dir := range dirs {

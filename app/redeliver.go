@@ -886,7 +886,7 @@ func (c *claimProducer) closePC() {
 
 func (c *claimProducer) Lane(any) (any, error) { return c.pt.p, nil }
 
-// Advance implements source.Producer (DESIGN.md §3 step 7): clean records are
+// Advance implements source.Producer (docs/design.md §3.7): clean records are
 // resolved; a rejected record is dead-lettered to the rejecting agents' topics,
 // then resolved; a failed record makes the poll loop seek back to it after a
 // backoff (the records after it are fetched again) until it failed

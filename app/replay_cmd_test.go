@@ -124,8 +124,8 @@ func TestReplayCommand(t *testing.T) {
 			t.Errorf("live worker: %v", err)
 		}
 	}()
-	client := newClient(t, brokers)
-	ends := highwaters(t, client, topicBase, 4)
+	client := testbroker.Client(t, brokers)
+	ends := testbroker.Highwaters(t, client, topicBase)
 	liveCommitted := func() map[int32]int64 {
 		resp, err := admin.ListConsumerGroupOffsets(appID, map[string][]int32{topicBase: {0, 1, 2, 3}})
 		if err != nil {

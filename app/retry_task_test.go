@@ -53,8 +53,8 @@ func TestFailingRecordRestartsOnlyItsPartition(t *testing.T) {
 	})
 	dir := t.TempDir()
 	w, stop := goWorker(t, a, brokers, dir)
-	client := newClient(t, brokers)
-	waitTopic(t, client, in.Name())
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, in.Name())
 
 	ws := wordPerPartition("w") // ws[p] lives in partition p
 	var recs []kv
@@ -92,9 +92,7 @@ func TestFailingRecordRestartsOnlyItsPartition(t *testing.T) {
 	}
 	before := attempts.Load()
 	blocked.Store(false)
-	if err := app.WaitForLag0(context.Background(), client, id, []string{in.Name()}, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	testbroker.WaitLag0(t, brokers, id, in.Name())
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -50,7 +50,7 @@ func sendSetup(t *testing.T, tune func(*sarama.Config)) ([]string, string, saram
 	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: sendParts, ReplicationFactor: 1}, false); err != nil {
 		t.Fatal(err)
 	}
-	waitTopic(t, client, topic)
+	testbroker.WaitTopic(t, client, topic)
 	// On Kafka a new topic's partitions answer only once their leaders are
 	// elected: until then a produce or an offset lookup gets
 	// NOT_LEADER_OR_FOLLOWER.
@@ -72,7 +72,7 @@ func sendSetup(t *testing.T, tune func(*sarama.Config)) ([]string, string, saram
 // values, sorted.
 func topicValues(t *testing.T, brokers []string, topic string) []string {
 	t.Helper()
-	client := newClient(t, brokers)
+	client := testbroker.Client(t, brokers)
 	consumer, err := sarama.NewConsumerFromClient(client)
 	if err != nil {
 		t.Fatal(err)

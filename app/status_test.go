@@ -154,7 +154,6 @@ func TestStatusTwoWorkers(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	gen := ss[0].Assignment.Generation
-	client := newClient(t, brokers)
 	var recs []kv
 	for i := range 40 {
 		v := "ok"
@@ -164,9 +163,7 @@ func TestStatusTwoWorkers(t *testing.T) {
 		recs = append(recs, kv{fmt.Sprintf("w%d", i%10), v})
 	}
 	send(t, brokers, apps[0].words.Name(), recs...)
-	if err := app.WaitForLag0(context.Background(), client, id, []string{apps[0].words.Name()}, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	testbroker.WaitLag0(t, brokers, id, apps[0].words.Name())
 	// Standbys apply a changelog record once its source offset is committed
 	// (lag 0 above): wait for them to catch up.
 	var raws [2]map[string]any

@@ -98,14 +98,6 @@ func readAll(t *testing.T, client sarama.Client, topic string) map[int32][]*sara
 	return out
 }
 
-// waitLag0 waits until the app's group committed every record of topics.
-func waitLag0(t *testing.T, client sarama.Client, id string, topics ...string) {
-	t.Helper()
-	if err := app.WaitForLag0(context.Background(), client, id, topics, 60*time.Second); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // GroupBy re-keys a stream through "<app>-<name>-repartition", created with
 // the source's partition count, and the counts by the new key are exact; a
 // Repartition that maps one record to several (a flat map, another value
@@ -188,13 +180,13 @@ func TestGroupByAndRepartitionCountExactly(t *testing.T) {
 
 	dir := t.TempDir()
 	_, stop := goWorker(t, a, brokers, dir)
-	client := newClient(t, brokers)
-	waitTopic(t, client, in.Name())
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, in.Name())
 	sendTimed(t, brokers, in.Name(), recs...)
 	// The source offsets are committed only after the re-keyed records were
 	// acknowledged: then the repartition topics are complete.
-	waitLag0(t, client, id, in.Name())
-	waitLag0(t, client, id, byColor.Name(), letters.Name())
+	testbroker.WaitLag0(t, brokers, id, in.Name())
+	testbroker.WaitLag0(t, brokers, id, byColor.Name(), letters.Name())
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -268,10 +260,10 @@ func TestWallClockTimerWritesAndSends(t *testing.T) {
 
 	dir := t.TempDir()
 	w, stop := goWorker(t, a, brokers, dir)
-	client := newClient(t, brokers)
-	waitTopic(t, client, in.Name())
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, in.Name())
 	send(t, brokers, in.Name(), recs...)
-	waitLag0(t, client, id, in.Name())
+	testbroker.WaitLag0(t, brokers, id, in.Name())
 	// Each partition's timer fired after its last record was counted.
 	waitUntil(t, 30*time.Second, "snapshots of the final counts", func() bool {
 		last := map[string]int64{}
@@ -370,10 +362,10 @@ func TestStreamTimeTimerFiresEveryInterval(t *testing.T) {
 
 	dir := t.TempDir()
 	_, stop := goWorker(t, a, brokers, dir)
-	client := newClient(t, brokers)
-	waitTopic(t, client, events.Name())
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, events.Name())
 	sendTimed(t, brokers, events.Name(), recs...)
-	waitLag0(t, client, id, events.Name())
+	testbroker.WaitLag0(t, brokers, id, events.Name())
 	// Wait for every firing (or the deadline: the comparison below says
 	// what is missing).
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
@@ -438,11 +430,11 @@ func TestFailingTimerRestartsPartition(t *testing.T) {
 	recs, want := words(600, word...)
 	dir := t.TempDir()
 	_, stop := goWorker(t, a, brokers, dir)
-	client := newClient(t, brokers)
-	waitTopic(t, client, in.Name())
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, in.Name())
 	send(t, brokers, in.Name(), recs...)
 	waitUntil(t, 60*time.Second, "two timer failures", func() bool { return failures.Load() == 2 })
-	waitLag0(t, client, id, in.Name())
+	testbroker.WaitLag0(t, brokers, id, in.Name())
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -509,12 +501,12 @@ func TestRepartitionPurgesCommittedRecords(t *testing.T) {
 	}
 	dir := t.TempDir()
 	_, stop := goWorker(t, a, brokers, dir)
-	client := newClient(t, brokers)
-	waitTopic(t, client, in.Name())
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, in.Name())
 	send(t, brokers, in.Name(), recs...)
-	waitLag0(t, client, id, in.Name())
-	waitLag0(t, client, id, byValue.Name())
-	hws := highwaters(t, client, byValue.Name(), parts)
+	testbroker.WaitLag0(t, brokers, id, in.Name())
+	testbroker.WaitLag0(t, brokers, id, byValue.Name())
+	hws := testbroker.Highwaters(t, client, byValue.Name())
 	waitUntil(t, 30*time.Second, "committed repartition records deleted", func() bool {
 		for p, hw := range hws {
 			oldest, err := client.GetOffset(byValue.Name(), p, sarama.OffsetOldest)
@@ -630,14 +622,14 @@ func TestTableTableJoin(t *testing.T) {
 
 	dir := t.TempDir()
 	_, stop := goWorker(t, a, brokers, dir)
-	client := newClient(t, brokers)
-	waitTopic(t, client, leftIn.Name())
-	waitTopic(t, client, rightIn.Name())
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, leftIn.Name())
+	testbroker.WaitTopic(t, client, rightIn.Name())
 	done := make(chan struct{})
 	go func() { defer close(done); send(t, brokers, leftIn.Name(), lrecs...) }()
 	send(t, brokers, rightIn.Name(), rrecs...)
 	<-done
-	waitLag0(t, client, id, leftIn.Name(), rightIn.Name())
+	testbroker.WaitLag0(t, brokers, id, leftIn.Name(), rightIn.Name())
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

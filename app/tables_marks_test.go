@@ -74,39 +74,12 @@ func waitCompacted(t *testing.T, brokers []string, topic string, offsets map[int
 	}
 }
 
-// committedOf returns the group's committed offsets of topic's partitions.
-func committedOf(t *testing.T, brokers []string, group, topic string) map[int32]int64 {
-	t.Helper()
-	admin, err := sarama.NewClusterAdmin(brokers, testbroker.SaramaConfig(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	ps := make([]int32, parts)
-	for i := range ps {
-		ps[i] = int32(i)
-	}
-	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: ps})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[int32]int64{}
-	for _, p := range ps {
-		b := resp.GetBlock(topic, p)
-		if b == nil || b.Err != sarama.ErrNoError {
-			t.Fatalf("committed offset of %s[%d]: %v", topic, p, b)
-		}
-		out[p] = b.Offset
-	}
-	return out
-}
-
 // wantMarksBelowCommitted checks the marks of the worker's counts store after
 // a clean stop: every record of the count app writes the table, so the mark of
 // each source partition is exactly its last processed offset, committed - 1.
 func wantMarksBelowCommitted(t *testing.T, brokers []string, dir, group, topic string) {
 	t.Helper()
-	committed := committedOf(t, brokers, group, topic)
+	committed := testbroker.Committed(t, brokers, group, topic)
 	st, err := stores.OpenPebble(filepath.Join(dir, "tables", "counts"), stores.PebbleOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -188,7 +161,7 @@ func TestCleanStopThenCompactionKeepsStore(t *testing.T) {
 	runWorker(t, brokers, c, dirB, round()...)
 	waitCompacted(t, brokers, topic, cpA)
 
-	client := newClient(t, brokers)
+	client := testbroker.Client(t, brokers)
 	var tail int64
 	for p := int32(0); p < parts; p++ {
 		hw, err := client.GetOffset(topic, p, sarama.OffsetNewest)

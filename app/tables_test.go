@@ -119,55 +119,17 @@ func runWorker(t *testing.T, brokers []string, c *countApp, dir string, recs ...
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	client := newClient(t, brokers)
-	waitTopic(t, client, c.words.Name())
+	stop := testbroker.Start(t, w)
+	testbroker.WaitTopic(t, testbroker.Client(t, brokers), c.words.Name())
 	send(t, brokers, c.words.Name(), recs...)
-	if err := app.WaitForLag0(ctx, client, c.app.ID(), []string{c.words.Name()}, 30*time.Second); err != nil {
-		cancel()
-		<-done
-		t.Fatal(err)
-	}
+	testbroker.WaitLag0(t, brokers, c.app.ID(), c.words.Name())
 	// Lag 0 alone does not mean the worker restored its tables (a worker with
 	// nothing to process reaches it at once).
-	for deadline := time.Now().Add(30 * time.Second); !w.Ready(); {
-		if time.Now().After(deadline) {
-			cancel()
-			<-done
-			t.Fatal("worker never ready")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	cancel()
-	if err := <-done; err != nil {
+	testbroker.Eventually(t, 30*time.Second, "worker ready", w.Ready)
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	return w
-}
-
-func newClient(t *testing.T, brokers []string) sarama.Client {
-	t.Helper()
-	client, err := sarama.NewClient(brokers, testbroker.SaramaConfig(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	return client
-}
-
-func waitTopic(t *testing.T, client sarama.Client, topic string) {
-	t.Helper()
-	for i := 0; ; i++ {
-		if err := client.RefreshMetadata(topic); err == nil {
-			return
-		}
-		if i > 100 {
-			t.Fatalf("topic %s never created", topic)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // storeTable reads every partition of the worker's Pebble store of table.
@@ -316,7 +278,7 @@ func TestTombstonesAndCoPartitioningThroughWorker(t *testing.T) {
 			other = k
 		}
 	}
-	client := newClient(t, brokers)
+	client := testbroker.Client(t, brokers)
 	runWorker(t, brokers, c, dir,
 		kv{"alpha", "x"}, kv{"alpha", "x"}, kv{"alpha", "del"}, kv{"alpha", "x"}, // revived: 1
 		kv{"beta", "x"}, kv{"beta", "del"}, // deleted

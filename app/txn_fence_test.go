@@ -260,8 +260,8 @@ func TestExactlyOnceSurvivesFencedProducer(t *testing.T) {
 	f := newFenceApp(t, id)
 	dir := t.TempDir()
 	w, running, stop := runFenceWorker(t, f.app, brokers, dir)
-	client := newClient(t, brokers)
-	waitTopic(t, client, f.words.Name())
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, f.words.Name())
 	keys := append(wordPerPartition("a"), wordPerPartition("b")...)
 	want := map[string]int{}
 	first := valueRecords("x", 400, keys, want)
@@ -311,8 +311,8 @@ func TestExactlyOnceSurvivesTransactionTimeout(t *testing.T) {
 	}
 	dir := t.TempDir()
 	w, running, stop := runFenceWorker(t, f.app, brokers, dir)
-	client := newClient(t, brokers)
-	waitTopic(t, client, f.words.Name())
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, f.words.Name())
 	keys := append(wordPerPartition("a"), wordPerPartition("b")...)
 	want := map[string]int{}
 	first := valueRecords("x", 400, keys, want)
@@ -353,8 +353,8 @@ func TestExactlyOnceStopsWhenTransactionalIDInUse(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	client := newClient(t, brokers)
-	waitTopic(t, client, f.words.Name())
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, f.words.Name())
 	keys := append(wordPerPartition("a"), wordPerPartition("b")...)
 	want := map[string]int{}
 	recs := valueRecords("x", 200, keys, want)

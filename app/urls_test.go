@@ -66,8 +66,8 @@ func TestQueriesWithoutURLMap(t *testing.T) {
 	}
 	w1 := start("w1")
 	w2 := start("w2")
-	client := newClient(t, brokers)
-	waitTopic(t, client, topic)
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, topic)
 	pr := newGProducer(t, brokers, topic)
 	keys := make([]string, 40)
 	for i := range keys {
@@ -86,9 +86,7 @@ func TestQueriesWithoutURLMap(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err := app.WaitForLag0(context.Background(), client, id, []string{topic}, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	testbroker.WaitLag0(t, brokers, id, topic)
 	a1 := w1.w.Assignment()
 	if !a1.URLsOmitted || len(a1.URLs[topic]) != 0 {
 		t.Fatalf("assignment URL map: omitted %v, %d partitions; want it left out", a1.URLsOmitted, len(a1.URLs[topic]))

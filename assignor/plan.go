@@ -182,7 +182,7 @@ type planner struct {
 
 // PlanAssignment computes a deterministic, sticky, balanced assignment.
 //
-// Algorithm (DESIGN.md §4; shape after Faust's CopartitionedAssignor, fixed
+// Algorithm (docs/design.md §7, docs/assignment.md; shape after Faust's CopartitionedAssignor, fixed
 // where Faust fails; lag handling after Kafka Streams' KIP-441
 // HighAvailabilityTaskAssignor):
 //  1. Group topics: same partition count and same subscriber set form a

@@ -327,7 +327,7 @@ func (s *Strategy) Plan(members map[string]sarama.ConsumerGroupMemberMetadata, t
 				tps[t] = slices.Clone(ps)
 			}
 		}
-		out[id] = tps // every member, even with nothing (kfake.md §8.2)
+		out[id] = tps // every member, even with nothing (docs/kafka-compat.md #2)
 		planned[id] = assignmentData{
 			MemberID: id, LeaderID: leaderID, Probe: plan.NeedsProbe,
 			Actives: mp.Actives, Standbys: mp.Standbys, Warmups: mp.Warmups, Globals: mp.Globals,

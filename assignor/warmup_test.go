@@ -69,59 +69,6 @@ func TestCheckWarmupsSignalsOnce(t *testing.T) {
 	}
 }
 
-// Scale-out with lag (issue #13): members that join a busy group without
-// state get warm-ups; each time the warm-ups catch up (and the member asks
-// for the follow-up rebalance) the plan moves their actives, until the
-// newcomers hold their fair share and no probe is needed. With at most
-// MaxWarmupReplicas warm-ups per plan this takes about moves/warm-ups rounds.
-func TestScaleOutConvergesAsWarmupsCatchUp(t *testing.T) {
-	const p = 12
-	c := Cluster{Members: members(2, "src"), Topics: map[string]int32{"src": p}, Changelogs: map[string]int32{"cl": p}, Replicas: 1, MaxWarmupReplicas: 2}
-	ms := feedBack(c.Members, mustPlan(t, c))
-	ms = append(ms, Member{ID: "n1", Topics: []string{"src"}, Generation: -1}, Member{ID: "n2", Topics: []string{"src"}, Generation: -1})
-	end := map[string]map[int32]int64{"cl": {}}
-	for q := range int32(p) {
-		end["cl"][q] = 1_000_000
-	}
-	// Old members applied everything they hold; newcomers nothing.
-	for i := range ms {
-		ms[i].Offsets = map[string]map[int32]int64{"cl": {}}
-		for _, tp := range []map[string][]int32{ms[i].PrevActives, ms[i].PrevStandbys} {
-			for _, q := range tp["cl"] {
-				ms[i].Offsets["cl"][q] = 999_999
-			}
-		}
-	}
-	c.EndOffsets = end
-	rounds := 0
-	for ; rounds < 10; rounds++ {
-		c.Members = ms
-		plan := mustPlan(t, c)
-		if !plan.NeedsProbe {
-			for _, id := range []string{"n1", "n2"} {
-				if n := len(plan.Members[id].Actives["src"]); n != p/4 {
-					t.Fatalf("converged with %s holding %d actives, want %d", id, n, p/4)
-				}
-			}
-			break
-		}
-		ms = feedBack(ms, plan)
-		// Every warm-up (and standby) catches up before the follow-up.
-		for i := range ms {
-			mp := plan.Members[ms[i].ID]
-			for _, tp := range []map[string][]int32{mp.Warmups, mp.Standbys, mp.Actives} {
-				for _, q := range tp["cl"] {
-					ms[i].Offsets["cl"][q] = 999_999
-				}
-			}
-		}
-	}
-	if rounds >= 10 {
-		t.Fatal("scale-out did not converge in 10 follow-up rebalances")
-	}
-	t.Logf("converged after %d follow-up rebalances", rounds)
-}
-
 // A restarted member reports its persisted assignment in its first join.
 func TestRestoreReportsPersistedState(t *testing.T) {
 	s := NewStrategy(Config{Changelogs: map[string]int32{"cl": 4}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})

@@ -36,8 +36,8 @@ func Spec(topic string, partitions int32, extra ...map[string]string) kafka.Topi
 }
 
 // Header keys stamped on every changelog record a table writes: the source
-// record whose processing produced it (spec/tables.md, Quix Streams C.3 and
-// "Rules" 6). Restore uses them to leave out effects of source records whose
+// record whose processing produced it (docs/design.md §6, after Quix Streams'
+// state checkpointing; docs/tables.md). Restore uses them to leave out effects of source records whose
 // offsets were never committed.
 const (
 	HeaderSourceTopic     = "runnel-src-topic"

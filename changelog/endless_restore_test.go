@@ -18,7 +18,7 @@ import (
 func (e *env) produceAbortedTxn(topic string, recs ...rec) { e.produceTxnEnd(topic, false, recs...) }
 
 // readCommittedRestorer is e's restorer reading read_committed, as a restore
-// under exactly-once must (DESIGN.md §6: restore reads read_committed; the
+// under exactly-once must (docs/design.md §5.2: restore reads read_committed; the
 // target is then the last stable offset).
 func readCommittedRestorer(e *env) *changelog.Restorer {
 	e.t.Helper()

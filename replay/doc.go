@@ -1,7 +1,7 @@
 // Package replay runs a bounded range of a topic's history through one agent
 // in a consumer group of its own, without touching the live group, so that an
 // auditor's "show me yesterday's change events again" re-applies one effect
-// and nothing else (DESIGN.md §7, docs/replay.md).
+// and nothing else (docs/replay.md).
 //
 // A Plan fixes, per partition, the half-open offset range [start, stop):
 // from a time range of record timestamps through ListOffsets (KIP-79), or from
@@ -36,7 +36,7 @@
 // uncommitted); a record it rejects is counted and passed (a replay writes no
 // dead letters).
 //
-// Idempotent effects (DESIGN.md §6): Dedup is a table of event IDs with a
+// Idempotent effects (docs/replay.md, "Idempotent effects"): Dedup is a table of event IDs with a
 // TTL in a Pebble store under the data directory, and SQLOnce applies an
 // effect once through a database/sql unique constraint. The version guard
 // (NewVersionedTable, SetVersion, DeleteVersion) keeps an older event of an

@@ -27,8 +27,9 @@ import (
 	"github.com/runnel-dev/runnel/table"
 )
 
-// change is one event of the real input (examples/changeaudit/testdata, a
-// copy of shared/data/git-history.jsonl.gz; its README describes the fields).
+// change is one event of the real input
+// (examples/changeaudit/testdata/git-history.jsonl.gz, one JSON object a
+// line), with the fields the test reads.
 type change struct {
 	EventID    string   `json:"event_id"`
 	Actor      string   `json:"actor"`

@@ -60,18 +60,13 @@ func (f *fixture) topic(base string, n int32, configs map[string]string) string 
 	// The tests produce records with timestamps in the past: keep them
 	// (Kafka's retention would delete closed segments by timestamp; scripts/kafka
 	// rolls segments every second).
-	infinite := "-1"
-	cfg := map[string]*string{"retention.ms": &infinite}
+	cfg := map[string]string{"retention.ms": "-1"}
 	for k, v := range configs {
-		cfg[k] = &v
+		cfg[k] = v
 	}
-	if err := f.admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: n, ReplicationFactor: 1, ConfigEntries: cfg}, false); err != nil {
-		f.t.Fatal(err)
-	}
+	testbroker.CreateTopic(f.t, f.brokers, name, n, cfg)
 	f.t.Cleanup(func() { _ = f.admin.DeleteTopic(name) })
-	if err := f.client.RefreshMetadata(name); err != nil {
-		f.t.Fatal(err)
-	}
+	testbroker.WaitTopic(f.t, f.client, name)
 	return name
 }
 

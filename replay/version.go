@@ -9,7 +9,7 @@ import (
 	"github.com/runnel-dev/runnel/table"
 )
 
-// The version guard (DESIGN.md §6, issue #15): events of one entity may
+// The version guard (docs/replay.md, issue #15): events of one entity may
 // arrive out of order (two producers, a retry, a replay of history beside
 // the live stream), and a table that keeps "the entity's current state" must
 // never let an older event overwrite a newer one. Each write carries the

@@ -90,8 +90,8 @@ type PebbleOptions struct {
 // Pebble is a Store on one Pebble database at a directory. Each partition's
 // data, applied changelog offset and marks are written by Apply in one pebble.Batch,
 // so after any crash the data of a partition is exactly the data of the
-// batches up to its stored offset (DESIGN.md §5; this fixes Goka's separate
-// offset write, spec/tables.md "Rules" 5).
+// batches up to its stored offset (docs/design.md §6; this fixes Goka's
+// separate offset write).
 //
 // Apply commits with pebble.NoSync: the write-ahead log keeps batches in
 // order, so a crash loses a suffix of batches and never splits one; Sync and

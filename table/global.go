@@ -139,19 +139,7 @@ func (t *GlobalTable[K, V]) Lookup(ctx context.Context, key K) (V, bool, error) 
 // key must belong to ev's partition (ErrNotCoPartitioned), and this worker
 // must own the partition (ErrNotActive).
 func (t *GlobalTable[K, V]) Set(ev Event, key K, value V) error {
-	s, err := t.current(ev)
-	if err != nil {
-		return err
-	}
-	kb, err := t.encodeKey(key)
-	if err != nil {
-		return err
-	}
-	vb, err := t.encodeValue(value)
-	if err != nil {
-		return err
-	}
-	return s.write(ev, kb, vb, false)
+	return setKey[K, V](t, ev, key, value)
 }
 
 // Update replaces the value of key with fn(old), where old is the zero value
@@ -160,30 +148,18 @@ func (t *GlobalTable[K, V]) Set(ev Event, key K, value V) error {
 // Like Table.Update, the read and the write are one step for the partition,
 // and fn must not use the same table.
 func (t *GlobalTable[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
-	if s, err := t.current(ev); err == nil {
-		defer s.rmw.lock(ev.Partition())()
-	}
-	old, _, err := t.Get(ev, key)
-	if err != nil {
-		return old, err
-	}
-	nv := fn(old)
-	return nv, t.Set(ev, key, nv)
+	return updateKey[K, V](t, ev, key, fn)
 }
 
 // Delete removes key (a tombstone in the changelog) in ev's partition's
 // current commit cycle.
-func (t *GlobalTable[K, V]) Delete(ev Event, key K) error {
-	s, err := t.current(ev)
-	if err != nil {
-		return err
-	}
-	kb, err := t.encodeKey(key)
-	if err != nil {
-		return err
-	}
-	return s.write(ev, kb, nil, true)
-}
+func (t *GlobalTable[K, V]) Delete(ev Event, key K) error { return deleteKey[K, V](t, ev, key) }
+
+// writer implements writable.
+func (t *GlobalTable[K, V]) writer(ev Event) (partitionWriter, error) { return writerOf(t.current(ev)) }
+
+// written implements writable: a global table has no joins to run.
+func (t *GlobalTable[K, V]) written(Event, K) error { return nil }
 
 // GlobalState is one worker's replica of a global table: a store holding every
 // partition, the changelog producer, and the worker's own writes that the

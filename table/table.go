@@ -277,24 +277,7 @@ func (t *Table[K, V]) Get(ev Event, key K) (V, bool, error) {
 // Set writes value under key in the current commit cycle of ev's partition
 // (read at once; in the changelog and the store when the cycle ends).
 // Errors: the codecs', ErrNotCoPartitioned, ErrNotActive, ErrOutsideWindow.
-func (t *Table[K, V]) Set(ev Event, key K, value V) error {
-	s, err := t.current(ev)
-	if err != nil {
-		return err
-	}
-	kb, err := t.encodeKey(key)
-	if err != nil {
-		return err
-	}
-	vb, err := t.encodeValue(value)
-	if err != nil {
-		return err
-	}
-	if err := s.write(ev, kb, vb, false); err != nil {
-		return err
-	}
-	return t.written(ev, key)
-}
+func (t *Table[K, V]) Set(ev Event, key K, value V) error { return setKey[K, V](t, ev, key, value) }
 
 // Update replaces the value of key with fn(old), where old is the zero value
 // when the key is absent, and returns the new value. The write goes to the
@@ -305,33 +288,15 @@ func (t *Table[K, V]) Set(ev Event, key K, value V) error {
 // co-partitioned topics) never lose each other's updates. fn must not use the
 // same table.
 func (t *Table[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
-	if s, err := t.current(ev); err == nil {
-		defer s.rmw.lock(ev.Partition())()
-	}
-	old, _, err := t.Get(ev, key)
-	if err != nil {
-		return old, err
-	}
-	nv := fn(old)
-	return nv, t.Set(ev, key, nv)
+	return updateKey[K, V](t, ev, key, fn)
 }
 
 // Delete removes key (a tombstone in the changelog) in the current commit
 // cycle of ev's partition.
-func (t *Table[K, V]) Delete(ev Event, key K) error {
-	s, err := t.current(ev)
-	if err != nil {
-		return err
-	}
-	kb, err := t.encodeKey(key)
-	if err != nil {
-		return err
-	}
-	if err := s.write(ev, kb, nil, true); err != nil {
-		return err
-	}
-	return t.written(ev, key)
-}
+func (t *Table[K, V]) Delete(ev Event, key K) error { return deleteKey[K, V](t, ev, key) }
+
+// writer implements writable.
+func (t *Table[K, V]) writer(ev Event) (partitionWriter, error) { return writerOf(t.current(ev)) }
 
 // ErrNotRunning is returned by table operations outside a running worker.
 var ErrNotRunning = errors.New("table is not attached to a running worker")

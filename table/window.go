@@ -182,7 +182,7 @@ var ErrNoEventTime = errors.New("event has no event time")
 // encoded value.
 //
 // Stream time is per partition: the largest event time a write to this table
-// has seen on the partition, never the wall clock (spec/tables.md "Rules" 8;
+// has seen on the partition, never the wall clock (docs/design.md §6, "Windows";
 // Faust's wall-clock expiry is the failure mode avoided). A write advances
 // stream time first; then, for every window containing the record's event
 // time, a window with end + grace <= stream time is closed and the record is

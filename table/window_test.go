@@ -1,8 +1,6 @@
 package table_test
 
 import (
-	"bufio"
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -102,24 +100,13 @@ type change struct {
 
 func readChanges(t *testing.T, limit int) []change {
 	t.Helper()
-	f, err := os.Open(dataFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	z, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []change
-	sc := bufio.NewScanner(z)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() && len(out) < limit {
+	for _, line := range testbroker.GzipLines(t, dataFile, limit) {
 		var c struct {
 			Actor      string `json:"actor"`
 			OccurredAt string `json:"occurred_at"`
 		}
-		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
+		if err := json.Unmarshal(line, &c); err != nil {
 			t.Fatal(err)
 		}
 		at, err := time.Parse(time.RFC3339, c.OccurredAt)
@@ -127,9 +114,6 @@ func readChanges(t *testing.T, limit int) []change {
 			t.Fatal(err)
 		}
 		out = append(out, change{c.Actor, at})
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
 	}
 	return out
 }
@@ -146,7 +130,7 @@ func produce(t *testing.T, brokers []string, topic string, cs []change) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	waitTopic(t, client, topic)
+	testbroker.WaitTopic(t, client, topic)
 	p, err := kafka.NewProducer(client)
 	if err != nil {
 		t.Fatal(err)
@@ -177,27 +161,7 @@ func produce(t *testing.T, brokers []string, topic string, cs []change) {
 // worker reads them.
 func createSource(t *testing.T, brokers []string, topic string) {
 	t.Helper()
-	admin, err := sarama.NewClusterAdmin(brokers, testbroker.SaramaConfig(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if err := kafka.EnsureTopics(admin, 1, []kafka.TopicSpec{{Name: topic, Partitions: parts, Config: map[string]string{"retention.ms": "-1"}}}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func waitTopic(t *testing.T, client sarama.Client, topic string) {
-	t.Helper()
-	for i := 0; ; i++ {
-		if err := client.RefreshMetadata(topic); err == nil {
-			return
-		}
-		if i > 100 {
-			t.Fatalf("topic %s never created", topic)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testbroker.CreateTopic(t, brokers, topic, parts, map[string]string{"retention.ms": "-1"})
 }
 
 // startWorker runs a worker of a on dir; stop cancels it and returns Run's error.
@@ -207,29 +171,7 @@ func startWorker(t *testing.T, a *app.App, brokers []string, dir string) (stop f
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var once sync.Once
-	var rerr error
-	stop = func() error {
-		once.Do(func() { cancel(); rerr = <-done })
-		return rerr
-	}
-	t.Cleanup(func() { stop() })
-	return stop
-}
-
-func waitLag0(t *testing.T, brokers []string, group string, topics ...string) {
-	t.Helper()
-	client, err := sarama.NewClient(brokers, testbroker.SaramaConfig(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	if err := app.WaitForLag0(context.Background(), client, group, topics, 60*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	return testbroker.Start(t, w)
 }
 
 // readWindows reads the table's changelog (latest value per stored key,
@@ -237,12 +179,7 @@ func waitLag0(t *testing.T, brokers []string, group string, topics ...string) {
 // returns the watermarks separately.
 func readWindows(t *testing.T, brokers []string, d table.Def) (rows map[string]any, marks map[string]any) {
 	t.Helper()
-	client, err := sarama.NewClient(brokers, testbroker.SaramaConfig(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	all, err := app.ReadTable(context.Background(), client, d)
+	all, err := app.ReadTable(context.Background(), testbroker.Client(t, brokers), d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +333,7 @@ func TestTumblingWeeksRealData(t *testing.T) {
 	stop := startWorker(t, w.app, brokers, t.TempDir())
 	start := time.Now()
 	produce(t, brokers, w.changes.Name(), cs)
-	waitLag0(t, brokers, id, w.changes.Name())
+	testbroker.WaitLag0(t, brokers, id, w.changes.Name())
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -450,7 +387,7 @@ func TestWindowsCloseOnceAcrossRestart(t *testing.T) {
 	createSource(t, brokers, first.changes.Name())
 	stop := startWorker(t, first.app, brokers, dir)
 	produce(t, brokers, first.changes.Name(), cs[:len(cs)/2])
-	waitLag0(t, brokers, id, first.changes.Name())
+	testbroker.WaitLag0(t, brokers, id, first.changes.Name())
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -462,7 +399,7 @@ func TestWindowsCloseOnceAcrossRestart(t *testing.T) {
 	second := newWeekApp(id, grace, closes)
 	stop = startWorker(t, second.app, brokers, dir)
 	produce(t, brokers, second.changes.Name(), cs[len(cs)/2:])
-	waitLag0(t, brokers, id, second.changes.Name())
+	testbroker.WaitLag0(t, brokers, id, second.changes.Name())
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -481,7 +418,7 @@ func TestWindowsCloseOnceAcrossRestart(t *testing.T) {
 	third := newWeekApp(id, grace, closes)
 	stop = startWorker(t, third.app, brokers, t.TempDir())
 	produce(t, brokers, third.changes.Name(), more)
-	waitLag0(t, brokers, id, third.changes.Name())
+	testbroker.WaitLag0(t, brokers, id, third.changes.Name())
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -573,12 +510,7 @@ func TestHoppingGraceLateAndStreamTime(t *testing.T) {
 	closes := newCloseLog()
 	h := newHopApp(id, closes)
 	stop := startWorker(t, h.app, brokers, t.TempDir())
-	client, err := sarama.NewClient(brokers, testbroker.SaramaConfig(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	waitTopic(t, client, h.topic.Name())
+	testbroker.WaitTopic(t, testbroker.Client(t, brokers), h.topic.Name())
 	cfg := testbroker.SaramaConfig(t)
 	cfg.Producer.Partitioner = sarama.NewManualPartitioner
 	prod, err := sarama.NewSyncProducer(brokers, cfg)
@@ -600,7 +532,7 @@ func TestHoppingGraceLateAndStreamTime(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitLag0(t, brokers, id, h.topic.Name())
+	testbroker.WaitLag0(t, brokers, id, h.topic.Name())
 	// The worker stays up a while: nothing may close by the wall clock.
 	time.Sleep(500 * time.Millisecond)
 	closes.mu.Lock()

@@ -14,8 +14,9 @@
 //
 // The semantics follow Apache Airflow's shared-stream triggers with a
 // producer-side ack channel (v3, airflow-core/src/airflow/triggers/shared_stream.py);
-// /work/shared/spec/ack-mode.md is the behaviour reference. Deliberate
-// deviations from the reference, each pinned by a scenario in testdata/deviations:
+// docs/design.md §3 is the behaviour reference, in Runnel's words (a source
+// for a shared stream, a subscriber for a trigger). Deliberate deviations from
+// the reference, each pinned by a scenario in testdata/deviations:
 //
 //  1. Stop and cancel are reported: Subscription.Next returns ErrGroupStopped
 //     (the reference injects nothing and relies on task cancellation).
@@ -27,7 +28,7 @@
 //     error (the reference waits for the ack timeout).
 //  5. NewManager validates QueueSize > 0 and AckTimeout > 0.
 //
-// Kafka sources use the Backpressure overflow policy (DESIGN.md §3): emit
+// Kafka sources use the Backpressure overflow policy (docs/design.md §3.2): emit
 // blocks while a subscriber queue is full instead of failing the subscriber.
 //
 // source must never advance a record before every member of its snapshot

@@ -21,7 +21,7 @@ const (
 )
 
 // bindState is the state of one (record, subscriber) pair; see the state
-// machine in ack-mode.md §1.4.
+// machine in docs/design.md §3.3.
 type bindState uint8
 
 const (
@@ -248,7 +248,7 @@ func (g *group) beginStopLocked(err error) {
 	g.live.Store(false)
 	if err == nil {
 		g.state = stopping
-		deliver = fmt.Errorf("shared stream %q: %w", g.key, ErrGroupStopped)
+		deliver = fmt.Errorf("source %q: %w", g.key, ErrGroupStopped)
 	} else {
 		g.state = terminal
 	}
@@ -312,7 +312,7 @@ func (g *group) run() {
 		if err == nil {
 			err = errors.New("factory returned a nil producer")
 		}
-		g.terminate(fmt.Errorf("shared stream %q: create producer: %w", g.key, err))
+		g.terminate(fmt.Errorf("source %q: create producer: %w", g.key, err))
 		return
 	}
 	g.producer = p
@@ -360,7 +360,7 @@ func (g *group) pollEnded(err error) {
 	if err == nil {
 		err = ErrPollEnded
 	}
-	g.terminate(fmt.Errorf("shared stream %q: poll: %w", g.key, err))
+	g.terminate(fmt.Errorf("source %q: poll: %w", g.key, err))
 }
 
 func (g *group) closeProducer(p Producer) {
@@ -446,7 +446,7 @@ func (g *group) emitFast(rec *Record) error {
 	return nil
 }
 
-// emit fans one record out in ack mode (ack-mode.md §1.3).
+// emit fans one record out in ack mode (docs/design.md §3.2).
 func (g *group) emit(rec *Record, payload any) error {
 	if !g.live.Load() { // live is cleared before the poll context is cancelled
 		if err := g.ctx.Err(); err != nil {
@@ -483,7 +483,7 @@ func (g *group) lane(rec *Record, payload any) (any, error) {
 		err = comparableLane(key)
 	}
 	if err != nil {
-		err = fmt.Errorf("shared stream %q: lane of record %s[%d]@%d: %w", g.key, rec.Topic, rec.Partition, rec.Offset, err)
+		err = fmt.Errorf("source %q: lane of record %s[%d]@%d: %w", g.key, rec.Topic, rec.Partition, rec.Offset, err)
 		g.terminate(err)
 		return nil, err
 	}
@@ -655,7 +655,7 @@ func (g *group) recycleLocked(es []*entry) {
 // overflowLocked fails s for overflow (FailSubscriber policy).
 func (g *group) overflowLocked(s *subscriber) {
 	err := &OverflowError{Key: g.key, ID: s.id, QueueSize: g.m.cfg.QueueSize}
-	g.m.log.Warn("shared stream subscriber overflow", "source", g.key, "subscriber", s.id, "err", err)
+	g.m.log.Warn("source subscriber overflow", "source", g.key, "subscriber", s.id, "err", err)
 	g.failSubscriberLocked(s, err)
 }
 
@@ -745,7 +745,7 @@ func (g *group) closeWindowLocked(s *subscriber) {
 	}
 }
 
-// pump is the single advance pump (ack-mode.md §1.9): at most one Advance in
+// pump is the single advance pump (docs/design.md §3.6): at most one Advance in
 // flight, one batch per lane per pass, passes repeated while they progress;
 // after pumpStop it drains what is resolved and exits.
 func (g *group) pump() {
@@ -761,8 +761,8 @@ func (g *group) pump() {
 		for {
 			progressed, err := g.pass(ctx)
 			if err != nil {
-				g.m.log.Error("Producer advance raised; terminating shared-stream group", "source", g.key, "err", err)
-				g.terminate(fmt.Errorf("shared stream %q: advance: %w", g.key, err))
+				g.m.log.Error("source advance failed; stopping the source and its subscribers", "source", g.key, "err", err)
+				g.terminate(fmt.Errorf("source %q: advance: %w", g.key, err))
 				return
 			}
 			if !progressed {
@@ -844,7 +844,7 @@ func (g *group) harvestLocked(ln *lane, dst []*entry) []*entry {
 	return popped
 }
 
-// scan is the ack-timeout scanner (ack-mode.md §1.8).
+// scan is the ack-timeout scanner (docs/design.md §3.5).
 func (g *group) scan() {
 	t := time.NewTicker(g.m.cadence)
 	defer t.Stop()
@@ -884,7 +884,7 @@ func (g *group) scanOnce() {
 			s := b.sub
 			err := &AckTimeoutError{Key: g.key, ID: s.id, EventID: e.id, Offset: e.rec.Offset, Timeout: timeout}
 			if !s.gone && !s.failed {
-				g.m.log.Warn("shared stream ack timeout", "source", g.key, "subscriber", s.id, "offset", e.rec.Offset, "err", err)
+				g.m.log.Warn("source ack timeout", "source", g.key, "subscriber", s.id, "offset", e.rec.Offset, "err", err)
 				s.failed = true
 				s.failLocked(err)
 				g.wakeEmitLocked()

@@ -93,7 +93,7 @@ func (m *Manager) SubscribeFast(key, id string, open OpenFunc) (*Subscription, e
 
 func (m *Manager) subscribe(key, id string, factory ProducerFactory, open OpenFunc) (*Subscription, error) {
 	if key == "" {
-		return nil, errors.New("source: shared stream key must not be empty")
+		return nil, errors.New("source: key must not be empty")
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -109,7 +109,7 @@ func (m *Manager) subscribe(key, id string, factory ProducerFactory, open OpenFu
 	for _, s := range g.subs {
 		if s.id == id {
 			g.mu.Unlock()
-			return nil, fmt.Errorf("source: trigger %s already subscribed to shared stream %q", id, key)
+			return nil, fmt.Errorf("source: subscriber %s already subscribed to source %q", id, key)
 		}
 	}
 	s := &subscriber{g: g, id: id, notify: make(chan struct{}, 1)}

@@ -103,7 +103,7 @@ func (g *group) deliverLocked(sub *subscriber, d *Delivery) {
 	}
 }
 
-// Unsubscribe removes the subscriber (ack-mode.md §1.5, GONE): its queue is
+// Unsubscribe removes the subscriber (docs/design.md §3.4, GONE): its queue is
 // dropped; records it never pulled count FAILED; its open window is closed
 // and counts ACKED when nothing bound in it is unconfirmed (otherwise it keeps
 // waiting for the confirmations). With cause != nil the open window counts
@@ -241,13 +241,13 @@ func (d *Delivery) Bind() (tok Token, ok bool) {
 func (d *Delivery) Reject(reason error) bool {
 	g := d.s.g
 	if d.e == nil {
-		g.m.log.Warn("reject_shared_stream_event called outside an ack-mode binding window; ignored", "source", g.key, "subscriber", d.s.id)
+		g.m.log.Warn("Reject called outside an ack-mode binding window; ignored", "source", g.key, "subscriber", d.s.id)
 		return false
 	}
 	g.mu.Lock()
 	if g.state != running || d.s.winD != d {
 		g.mu.Unlock()
-		g.m.log.Warn("reject_shared_stream_event called outside an ack-mode binding window; ignored", "source", g.key, "subscriber", d.s.id)
+		g.m.log.Warn("Reject called outside an ack-mode binding window; ignored", "source", g.key, "subscriber", d.s.id)
 		return false
 	}
 	if d.e.binds[d.i].state != bOpen {
@@ -261,7 +261,7 @@ func (d *Delivery) Reject(reason error) bool {
 	g.resolveLocked(d.e, d.i, outRejected, reason)
 	d.s.mu.Unlock()
 	g.mu.Unlock()
-	g.m.log.Info("shared stream record rejected", "source", g.key, "subscriber", d.s.id, "offset", d.Record.Offset, "reason", reason)
+	g.m.log.Info("source record rejected", "source", g.key, "subscriber", d.s.id, "offset", d.Record.Offset, "reason", reason)
 	return true
 }
 

@@ -122,7 +122,7 @@ const (
 	// the group are unaffected.
 	FailSubscriber Overflow = iota
 	// Backpressure makes emit block until every snapshot member has room
-	// (Kafka sources, DESIGN.md §3: pause fetching instead of failing).
+	// (Kafka sources, docs/design.md §3.2: pause fetching instead of failing).
 	Backpressure
 )
 
@@ -177,7 +177,7 @@ type OverflowError struct {
 }
 
 func (e *OverflowError) Error() string {
-	return fmt.Sprintf("shared stream %q fell behind for trigger %s: subscriber queue exceeded maxsize=%d", e.Key, e.ID, e.QueueSize)
+	return fmt.Sprintf("source %q: subscriber %s fell behind: its queue exceeded %d records", e.Key, e.ID, e.QueueSize)
 }
 
 // AckTimeoutError is delivered to a subscriber that did not resolve a record
@@ -192,6 +192,6 @@ type AckTimeoutError struct {
 }
 
 func (e *AckTimeoutError) Error() string {
-	return fmt.Sprintf("shared stream %q trigger %s did not finish processing event %d (offset %d) within %s (still on the event, or its trigger events not yet confirmed persisted)",
+	return fmt.Sprintf("source %q: subscriber %s did not resolve record %d (offset %d) within the ack timeout %s (still on the record, or its derived records not yet acknowledged)",
 		e.Key, e.ID, e.EventID, e.Offset, e.Timeout)
 }

@@ -117,7 +117,7 @@ func sanitize(s string) string {
 	return string(b)
 }
 
-// Test timeouts (docs/kafka-compat.md, kfake probe §8.1): a member's session must
+// Test timeouts (docs/kafka-compat.md #1): a member's session must
 // outlast heartbeat + fetch wait + claim teardown + commit, or kfake evicts members that
 // wait in JoinGroup; a 100 ms heartbeat and fetch wait make joins and leaves take ~0.2 s.
 const (

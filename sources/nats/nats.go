@@ -1,7 +1,7 @@
 // Package nats is a shared-source producer (agent/source) over a NATS
 // JetStream pull consumer: every JetStream message is fanned out to the
 // subscribers of the source, and its resolution is mapped back to JetStream
-// acknowledgements (DESIGN.md §3, "shared producers"):
+// acknowledgements (docs/design.md §3, user producers):
 //
 //	clean    -> Ack          (every subscriber accepted it)
 //	rejected -> Term         (terminal: JetStream never redelivers it; the reason is logged)

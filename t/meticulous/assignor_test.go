@@ -357,7 +357,7 @@ func (w *world) checkDeterministicIdempotent(t *rapid.T, c assignor.Cluster, p a
 }
 
 // TestAssignmentProperties runs add/remove/re-add sequences and checks every
-// plan (DESIGN.md §4; spec assignment.md §3 I1-I7 and X1-X10).
+// plan (docs/design.md §7, properties I1-I7 and X1-X10).
 func TestAssignmentProperties(t *testing.T) {
 	stats = promotionStats{}
 	defer func() {
@@ -466,7 +466,7 @@ func (w *world) checkAdded(t *rapid.T, prev []map[int32]string, p assignor.Plan,
 
 // checkRemoved: every active of a removed member goes to a surviving standby
 // holder whenever one exists and balance leaves it room (promotion first,
-// DESIGN.md §4); survivors keep
+// docs/design.md §7, X7); survivors keep
 // their actives except to make room: an active moves to its own standby
 // holder, or (to restore balance after promotions) to a member without state,
 // and there are never more such stateless moves than promotions.

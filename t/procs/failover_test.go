@@ -205,11 +205,7 @@ func TestStandbyFailoverUnderLoad(t *testing.T) {
 
 	time.Sleep(2 * time.Second) // load on the two survivors
 	sent := ld.finish(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := app.WaitForLag0(ctx, client, appID, []string{cl.topic}, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	testbroker.WaitLag0(t, cl.brokers, appID, cl.topic)
 	var total int64
 	for _, n := range sent {
 		total += n

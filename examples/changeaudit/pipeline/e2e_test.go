@@ -1,13 +1,10 @@
 package pipeline_test
 
 import (
-	"bufio"
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -48,53 +45,11 @@ func countLines(t *testing.T, lines [][]byte) expected {
 	return e
 }
 
-func readLines(t *testing.T) [][]byte {
-	t.Helper()
-	f, err := os.Open(dataFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	z, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out [][]byte
-	sc := bufio.NewScanner(z)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		out = append(out, append([]byte(nil), sc.Bytes()...))
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func writeLines(t *testing.T, lines [][]byte) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "part.jsonl")
-	f, err := os.Create(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := bufio.NewWriter(f)
-	for _, l := range lines {
-		w.Write(l)
-		w.WriteByte('\n')
-	}
-	if err := w.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	return p
-}
-
 // build declares the example with names unique to this test, so that runs on a
 // shared real broker never meet.
 func build(t *testing.T) *pipeline.Pipeline {
 	id := testbroker.Topic(t, "ca")
-	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	logger := slog.New(slog.NewTextHandler(testbroker.LogWriter{T: t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	return pipeline.Build(id,
 		app.WithTopicPrefix(id+"-"),
 		app.WithLogger(logger),
@@ -104,10 +59,6 @@ func build(t *testing.T) *pipeline.Pipeline {
 		// timeout is evicted while it still works (see docs/semantics.md).
 		app.WithGroupTimeouts(10*time.Second, 300*time.Millisecond, 15*time.Second, kafka.TestTimeouts.MaxWait))
 }
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
 
 func assertTable(t *testing.T, name string, got map[string]any, want map[string]int64) {
 	t.Helper()
@@ -177,7 +128,7 @@ func assertAll(t *testing.T, tables map[string]map[string]any, e expected) {
 // Each worker holds a standby of the other's changelog partitions (replicas 1),
 // and the standby stores catch up with the changelogs.
 func TestWholeFileTwoWorkers(t *testing.T) {
-	lines := readLines(t)
+	lines := testbroker.GzipLines(t, dataFile, 0)
 	want := countLines(t, lines)
 	p := build(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -252,9 +203,9 @@ func assertStandbys(t *testing.T, ctx context.Context, brokers []string, ws []*a
 // directories, then restarts on the first one: that worker replays exactly the
 // changelog tail the other wrote after its checkpoint, and the tables are exact.
 func TestRestartRestoresFromCheckpoint(t *testing.T) {
-	lines := readLines(t)
+	lines := testbroker.GzipLines(t, dataFile, 0)
 	half := len(lines) / 2
-	first, second := writeLines(t, lines[:half]), writeLines(t, lines[half:])
+	first, second := testbroker.WriteLines(t, lines[:half]), testbroker.WriteLines(t, lines[half:])
 	p := build(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/runnel-dev/runnel/examples/changeaudit/pipeline"
+	"github.com/runnel-dev/runnel/internal/testbroker"
 	"github.com/runnel-dev/runnel/runneltest"
 )
 
@@ -14,7 +15,7 @@ import (
 // with counts made straight from the lines, and the re-keyed records of
 // changes-by-dir checked one by one.
 func TestWithRunneltest(t *testing.T) {
-	lines := readLines(t)[:500]
+	lines := testbroker.GzipLines(t, dataFile, 500)
 	want := countLines(t, lines)
 	p := pipeline.Build("change-audit")
 	d, err := runneltest.Start(p.App, runneltest.Options{Workers: 2})

@@ -1,13 +1,9 @@
 package pipeline_test
 
 import (
-	"bufio"
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -55,52 +51,6 @@ func compute(t *testing.T, lines [][]byte) expected {
 	}
 	return e
 }
-
-func readLines(t *testing.T, limit int) [][]byte {
-	t.Helper()
-	f, err := os.Open(dataFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	z, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out [][]byte
-	sc := bufio.NewScanner(z)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() && len(out) < limit {
-		out = append(out, append([]byte(nil), sc.Bytes()...))
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func writeLines(t *testing.T, lines [][]byte) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "part.jsonl")
-	f, err := os.Create(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := bufio.NewWriter(f)
-	for _, l := range lines {
-		w.Write(l)
-		w.WriteByte('\n')
-	}
-	if err := w.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	return p
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
 
 func assertCounts(t *testing.T, name string, got map[string]any, want map[string]int64) {
 	t.Helper()
@@ -166,10 +116,10 @@ func lastTops(t *testing.T, client sarama.Client, topic string) map[int32]pipeli
 // repartition topics are sent again: the downstream counts are then above
 // exact (never below). Exact results across hand-overs need exactly-once.
 func TestExampleOneWorker(t *testing.T) {
-	lines := readLines(t, 20000)
+	lines := testbroker.GzipLines(t, dataFile, 20000)
 	want := compute(t, lines)
 	id := testbroker.Topic(t, "st")
-	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	logger := slog.New(slog.NewTextHandler(testbroker.LogWriter{T: t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	p := pipeline.Build(id, 100*time.Millisecond,
 		app.WithTopicPrefix(id+"-"),
 		app.WithLogger(logger),
@@ -179,7 +129,7 @@ func TestExampleOneWorker(t *testing.T) {
 	defer cancel()
 	brokers := testbroker.Brokers(t)
 	var tops map[int32]pipeline.Top
-	res, err := p.App.Process(ctx, brokers, app.DevOptions{Workers: 1, Input: writeLines(t, lines), DataDir: t.TempDir(),
+	res, err := p.App.Process(ctx, brokers, app.DevOptions{Workers: 1, Input: testbroker.WriteLines(t, lines), DataDir: t.TempDir(),
 		Inspect: func([]*app.Worker) {
 			client, err := sarama.NewClient(brokers, testbroker.SaramaConfig(t))
 			if err != nil {
