@@ -68,6 +68,15 @@ func (t *Topic[K, V]) CheckValue(b []byte) error {
 	return nil
 }
 
+// CheckKey returns the key codec's error for b, nil when b decodes: what
+// `send --key-field` asks of every line's key before it produces anything.
+func (t *Topic[K, V]) CheckKey(b []byte) error {
+	if _, err := t.kc.Decode(b); err != nil {
+		return fmt.Errorf("key codec %s: %w", t.kc.Name(), err)
+	}
+	return nil
+}
+
 // Codecs returns the key and value codecs.
 func (t *Topic[K, V]) Codecs() (codec.Codec[K], codec.Codec[V]) { return t.kc, t.vc }
 

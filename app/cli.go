@@ -216,7 +216,7 @@ with --from-line.`,
 			}
 			defer client.Close()
 			st, err := SendInput(cmd.Context(), client, args[0], SendOptions{Topic: t.Name, Partitions: t.Partitions,
-				KeyField: sendKey, FromLine: sendFrom, CheckValue: a.valueCheck(t.Name)})
+				KeyField: sendKey, FromLine: sendFrom, CheckValue: a.valueCheck(t.Name), CheckKey: a.keyCheck(t.Name)})
 			if err != nil {
 				return fmt.Errorf("send to %s: %w", t.Name, err)
 			}

@@ -276,7 +276,7 @@ func (a *App) tableNames() []string {
 func (a *App) loadInput(ctx context.Context, client sarama.Client, o DevOptions, partitions int32) error {
 	start := time.Now()
 	so := SendOptions{Topic: o.InputTopic, Partitions: partitions, KeyField: o.KeyField,
-		CheckValue: a.valueCheck(o.InputTopic), Progress: o.Progress}
+		CheckValue: a.valueCheck(o.InputTopic), CheckKey: a.keyCheck(o.InputTopic), Progress: o.Progress}
 	st, err := SendInput(ctx, client, o.Input, so)
 	if err != nil {
 		return fmt.Errorf("--input: load into %s: %w", o.InputTopic, err)
@@ -285,6 +285,15 @@ func (a *App) loadInput(ctx context.Context, client sarama.Client, o DevOptions,
 		o.Progress(st.Bytes, st.Bytes)
 	}
 	a.cfg.Logger.Info("input loaded", "topic", o.InputTopic, "records", st.Records, "elapsed", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// keyCheck returns the key check of a declared topic for SendOptions, or nil
+// when the topic has none.
+func (a *App) keyCheck(topic string) func([]byte) error {
+	if c, ok := a.topics[topic].(interface{ CheckKey([]byte) error }); ok {
+		return c.CheckKey
+	}
 	return nil
 }
 

@@ -235,8 +235,9 @@ func (ls *lineScanner) err() error {
 
 // parseLine checks one JSONL line and returns its record key (nil when
 // keyField is empty). blank is set for a line of white space only, which is
-// skipped. check, if not nil, is the destination topic's value check.
-func parseLine(b []byte, keyField string, check func([]byte) error) (key []byte, blank bool, err error) {
+// skipped. check, if not nil, is the destination topic's value check;
+// checkKey, if not nil, its key check (on the key field's string).
+func parseLine(b []byte, keyField string, checkKey, check func([]byte) error) (key []byte, blank bool, err error) {
 	t := bytes.TrimSpace(b)
 	if len(t) == 0 {
 		return nil, true, nil
@@ -259,6 +260,11 @@ func parseLine(b []byte, keyField string, check func([]byte) error) (key []byte,
 			return nil, false, fmt.Errorf("field %q is missing or not a string", keyField)
 		}
 		key = []byte(k)
+		if checkKey != nil {
+			if err := checkKey(key); err != nil {
+				return nil, false, fmt.Errorf("field %q: %w", keyField, err)
+			}
+		}
 	}
 	if check != nil {
 		if err := check(b); err != nil {
@@ -274,6 +280,12 @@ func parseLine(b []byte, keyField string, check func([]byte) error) (key []byte,
 // value codec). It returns the counts of the input and an *InputError listing
 // the bad lines and any read error; it produces nothing.
 func ValidateLines(r io.Reader, keyField string, check func([]byte) error) (SendStats, error) {
+	return validateLines(r, keyField, nil, check)
+}
+
+// validateLines is ValidateLines with the topic's key check (checkKey, on
+// the key field's string) as well.
+func validateLines(r io.Reader, keyField string, checkKey, check func([]byte) error) (SendStats, error) {
 	var st SendStats
 	ie := &InputError{}
 	ls := newLineScanner(r)
@@ -281,7 +293,7 @@ func ValidateLines(r io.Reader, keyField string, check func([]byte) error) (Send
 		b := ls.sc.Bytes()
 		st.Lines++
 		st.Bytes += int64(len(b)) + 1
-		_, blank, err := parseLine(b, keyField, check)
+		_, blank, err := parseLine(b, keyField, checkKey, check)
 		if err != nil {
 			ie.Bad++
 			if len(ie.Lines) < maxLineErrors {
@@ -357,10 +369,10 @@ func (t *ackTracker) failed() bool {
 // a *SendError saying how many records were sent and from which line to
 // resume. progress, if not nil, is called with the bytes read so far.
 func SendLines(ctx context.Context, client sarama.Client, topic string, partitions int32, keyField string, r io.Reader, progress func(n int64)) (SendStats, error) {
-	return sendLines(ctx, client, topic, partitions, keyField, nil, 0, r, progress)
+	return sendLines(ctx, client, topic, partitions, keyField, nil, nil, 0, r, progress)
 }
 
-func sendLines(ctx context.Context, client sarama.Client, topic string, partitions int32, keyField string, check func([]byte) error, fromLine int, r io.Reader, progress func(n int64)) (SendStats, error) {
+func sendLines(ctx context.Context, client sarama.Client, topic string, partitions int32, keyField string, checkKey, check func([]byte) error, fromLine int, r io.Reader, progress func(n int64)) (SendStats, error) {
 	var st SendStats
 	if partitions < 1 {
 		return st, fmt.Errorf("send to %s: %d partitions", topic, partitions)
@@ -386,7 +398,7 @@ func sendLines(ctx context.Context, client sarama.Client, topic string, partitio
 		if tr.failed() {
 			break
 		}
-		key, blank, err := parseLine(b, keyField, check)
+		key, blank, err := parseLine(b, keyField, checkKey, check)
 		if err != nil {
 			stop = LineError{Line: line, Err: err}
 			break
@@ -453,6 +465,10 @@ type SendOptions struct {
 	// CheckValue, if not nil, is called with every line before anything is
 	// produced; an error makes the line bad (the topic's value codec).
 	CheckValue func([]byte) error
+	// CheckKey, if not nil, is called with every line's key (the KeyField
+	// string) before anything is produced; an error makes the line bad (the
+	// topic's key codec).
+	CheckKey func([]byte) error
 	// Progress, if not nil, is called while producing with the bytes of input
 	// read so far and their total (uncompressed, newlines included).
 	Progress func(done, total int64)
@@ -478,7 +494,7 @@ func SendInput(ctx context.Context, client sarama.Client, path string, o SendOpt
 		defer func() { spool.Close(); os.Remove(spool.Name()) }()
 		r = io.TeeReader(in, spool)
 	}
-	st, err := ValidateLines(r, o.KeyField, o.CheckValue)
+	st, err := validateLines(r, o.KeyField, o.CheckKey, o.CheckValue)
 	in.Close()
 	if err != nil {
 		return SendStats{}, fmt.Errorf("%s: %w", path, err)
@@ -502,5 +518,5 @@ func SendInput(ctx context.Context, client sarama.Client, path string, o SendOpt
 	if o.Progress != nil {
 		progress = func(n int64) { o.Progress(n, st.Bytes) }
 	}
-	return sendLines(ctx, client, o.Topic, o.Partitions, o.KeyField, o.CheckValue, o.FromLine, r, progress)
+	return sendLines(ctx, client, o.Topic, o.Partitions, o.KeyField, o.CheckKey, o.CheckValue, o.FromLine, r, progress)
 }

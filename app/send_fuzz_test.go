@@ -46,7 +46,7 @@ func FuzzValidateLines(f *testing.F) {
 		var records int64
 		var bad []int
 		for i, l := range lines {
-			_, blank, err := parseLine(bytes.TrimSuffix(l, []byte("\r")), keyField, nil)
+			_, blank, err := parseLine(bytes.TrimSuffix(l, []byte("\r")), keyField, nil, nil)
 			switch {
 			case err != nil:
 				bad = append(bad, i+1)

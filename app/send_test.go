@@ -168,6 +168,39 @@ func TestSendValidatesWholeInputBeforeProducing(t *testing.T) {
 	}
 }
 
+// A key the topic's key codec rejects makes its line bad before anything is
+// produced: keys are decimal numbers here and line 7's is not. Before, the
+// key was sent as it was and the agents dead-lettered the record.
+func TestSendChecksKeyCodec(t *testing.T) {
+	brokers, topic, client := sendSetup(t, nil)
+	var lines []string
+	for i := 1; i <= 10; i++ {
+		lines = append(lines, fmt.Sprintf(`{"id":"%d","dirs":["d"]}`, i))
+	}
+	lines[6] = `{"id":"seven","dirs":["d"]}`
+	path := writeInput(t, "keys.jsonl", lines)
+	a := app.New("send-keys")
+	tp := app.Topic(a, topic, codec.DecimalInt64(), codec.JSON[sendEvent]())
+	_, err := app.SendInput(context.Background(), client, path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "id",
+		CheckKey: tp.CheckKey, CheckValue: tp.CheckValue})
+	var ie *app.InputError
+	if !errors.As(err, &ie) || ie.Bad != 1 || ie.Lines[0].Line != 7 {
+		t.Fatalf("err = %v, want an *InputError for line 7 alone", err)
+	}
+	if !strings.Contains(err.Error(), "key codec") || !strings.Contains(err.Error(), `"id"`) {
+		t.Errorf("message %q does not name the key field and its codec", err)
+	}
+	if got := topicValues(t, brokers, topic); len(got) != 0 {
+		t.Fatalf("topic holds %d records after a rejected input, want 0", len(got))
+	}
+	lines[6] = `{"id":"7","dirs":["d"]}`
+	path = writeInput(t, "keys-fixed.jsonl", lines)
+	if st, err := app.SendInput(context.Background(), client, path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "id",
+		CheckKey: tp.CheckKey, CheckValue: tp.CheckValue}); err != nil || st.Records != 10 {
+		t.Fatalf("send fixed file = %+v, %v; want 10 records", st, err)
+	}
+}
+
 // A truncated .gz input is reported as truncated, naming the file, and sends
 // nothing. Before, the partial last line was reported as a JSON error at some
 // line, after the lines before it had been produced.
