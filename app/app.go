@@ -102,8 +102,9 @@ type Config struct {
 	// off. WithPprof, worker --pprof.
 	Pprof bool
 
-	redelivery            Redelivery    // WithRedelivery (redeliver.go)
-	repartitionPurge      time.Duration // WithRepartitionPurge (repartition.go)
+	redelivery            Redelivery       // WithRedelivery (redeliver.go)
+	repartitionPurge      time.Duration    // WithRepartitionPurge (repartition.go)
+	cronClock             func() time.Time // WithCronClock (timers.go)
 	devTopic, devKeyField string
 	topicPrefix           string
 	eager                 bool // WithRebalanceProtocol(eager)
