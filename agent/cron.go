@@ -58,8 +58,10 @@ func CronLocation(loc *time.Location) CronOption { return func(o *cronOptions) {
 // a failed record that restarted the partition) is made again the same way
 // (at the partition's next start, or within a minute on a running worker):
 // as a record may, a firing may repeat, and is never lost. A schedule never
-// seen before on a partition (a new timer, a new app) starts at its next
-// scheduled time: nothing before it counts as missed. The table's key
+// seen before on a partition (a new timer, a new app) is armed there: its
+// row gets the current time, committed by the next cycle, and nothing before
+// counts as missed (should that cycle be lost, the schedule is armed anew at
+// the next start, and a time that passed in between is not fired). The table's key
 // names the expression and the zone: a changed schedule is a new timer.
 func Cron(spec string, fn TimerFunc, opts ...CronOption) Option {
 	o := cronOptions{loc: time.UTC}

@@ -170,6 +170,8 @@ func (pt *partition) runCron(ctx context.Context, name string, tm agent.Timer) {
 		now := pt.w.cronNow()
 		last, ok, err := tm.LastFiring(pt.p, src.Partitions, pt.env)
 		switch {
+		case err != nil && ctx.Err() != nil:
+			return // the claim ended (its store may be closing)
 		case err != nil:
 			pt.timerFailed(name, tm, now, err)
 			return
