@@ -41,13 +41,7 @@ func (pt *partition) backfillJoins(ctx context.Context, acquired []restoreKey) {
 		}}
 		fctx, cancel := context.WithTimeout(context.Background(), w.flushBudget())
 		ran := false
-		err := pt.task.t.Punctuate(ctx, func() error {
-			if ctx.Err() != nil || pt.feed.isRevoked() {
-				return nil
-			}
-			ran = true
-			return fill.Fire(fctx, pt.p, pt.env, began)
-		})
+		err := pt.punctuate(ctx, &ran, func() error { return fill.Fire(fctx, pt.p, pt.env, began) }) // timers.go
 		cancel()
 		switch {
 		case !ran:

@@ -249,13 +249,7 @@ func (pt *partition) arm(ctx context.Context, name string, tm agent.Timer, parts
 	fctx, cancel := context.WithTimeout(context.Background(), pt.w.flushBudget())
 	defer cancel()
 	ran := false
-	err := pt.task.t.Punctuate(ctx, func() error {
-		if ctx.Err() != nil || pt.feed.isRevoked() {
-			return nil
-		}
-		ran = true
-		return tm.Arm(fctx, pt.p, parts, pt.env, now)
-	})
+	err := pt.punctuate(ctx, &ran, func() error { return tm.Arm(fctx, pt.p, parts, pt.env, now) })
 	if ran && err != nil {
 		pt.timerFailed(name, tm, now, err)
 		return false
@@ -293,13 +287,7 @@ func (pt *partition) fire(ctx context.Context, name string, tm agent.Timer, at t
 	defer cancel()
 	began := time.Now()
 	ran := false
-	err := pt.task.t.Punctuate(ctx, func() error {
-		if ctx.Err() != nil || pt.feed.isRevoked() {
-			return nil
-		}
-		ran = true
-		return tm.Fire(fctx, pt.p, pt.env, at)
-	})
+	err := pt.punctuate(ctx, &ran, func() error { return tm.Fire(fctx, pt.p, pt.env, at) })
 	switch {
 	case !ran:
 		// The task was abandoned (the partition restarts) or the claim
@@ -314,6 +302,28 @@ func (pt *partition) fire(ctx context.Context, name string, tm agent.Timer, at t
 		return false
 	}
 	return true
+}
+
+// punctuate runs fn inside the partition's task between two cycles
+// (task.Task.Punctuate), unless the claim ended, and sets *ran when it did.
+// When fn fails, the task is abandoned before the cycle token is given back:
+// fn may have written the caches, and a cycle that took the token between
+// the failure and the abandonment would commit those writes (a failing
+// timer's table write was committed that way under CPU load:
+// TestFailingTimerRestartsPartition). The caller still reports the failure
+// (timerFailed), which marks the task abandoned for its claims.
+func (pt *partition) punctuate(ctx context.Context, ran *bool, fn func() error) error {
+	return pt.task.t.Punctuate(ctx, func() error {
+		if ctx.Err() != nil || pt.feed.isRevoked() {
+			return nil
+		}
+		*ran = true
+		err := fn()
+		if err != nil {
+			pt.task.t.Abandon(err)
+		}
+		return err
+	})
 }
 
 // isRevoked reports whether the claim's channel closed.
