@@ -50,6 +50,7 @@ func New[K any, V any](h Host, name string, topic *Topic[K, V], fn Func[K, V], o
 	for _, o := range opts {
 		o(&a.set)
 	}
+	declareCronTable(h, name, topic.Partitions(), a.set.Timers) // cron.go
 	h.RegisterAgent(a)
 	return a
 }

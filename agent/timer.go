@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/robfig/cron/v3"
 	"github.com/runnel-dev/runnel/table"
 )
 
@@ -46,13 +47,22 @@ func (c Clock) String() string {
 // made again.
 type TimerFunc func(ctx context.Context, tick *Tick) error
 
-// Timer is a timer declared with Every: fn runs on every partition of the
+// Timer is a timer declared with Every (fn runs on every partition of the
 // agent's topic each time the clock passes a multiple of Interval since the
-// Unix epoch.
+// Unix epoch) or with Cron (at each time of a crontab schedule; Interval is
+// then 0 and Clock WallClock).
 type Timer struct {
 	Interval time.Duration
 	Clock    Clock
 	Fn       TimerFunc
+	// Cron is the crontab expression of a Cron timer; "" for Every.
+	Cron string
+
+	sched   *cron.SpecSchedule          // Cron's parsed schedule
+	zone    string                      // Cron's time zone (its name)
+	cronErr error                       // Cron's parse error, reported by Validate
+	last    *table.Table[string, int64] // Cron's last firings (CronTable), in Unix ms
+	parts   int32                       // partitions of the agent's topic (WithPartitions)
 }
 
 // Every declares a timer on the agent: fn runs, inside the partition's task,
@@ -95,6 +105,15 @@ func Every(d time.Duration, clock Clock, fn TimerFunc) Option {
 
 // Validate reports a timer that cannot run (interval not positive, no function).
 func (tm Timer) Validate() error {
+	if tm.Cron != "" || tm.cronErr != nil {
+		if tm.cronErr != nil {
+			return fmt.Errorf("timer: %w", tm.cronErr)
+		}
+		if tm.Fn == nil {
+			return fmt.Errorf("cron timer %q: no function", tm.Cron)
+		}
+		return nil
+	}
 	if tm.Interval <= 0 {
 		return fmt.Errorf("%s timer: interval must be positive, got %v", tm.Clock, tm.Interval)
 	}
@@ -121,11 +140,19 @@ func (tm Timer) Boundary(t time.Time) time.Time {
 func (tm Timer) Fire(ctx context.Context, p int32, env *table.Env, at time.Time) error {
 	tk := &Tick{Time: at, partition: p, env: env, open: true, idle: make(chan struct{})}
 	err := tk.call(ctx, tm.Fn)
+	if err == nil {
+		// A Cron timer's last firing is written by the firing itself: it
+		// is committed exactly when the firing's effects are.
+		err = tm.recordFiring(tk)
+	}
 	tk.close()
 	if werr := tk.wait(ctx); werr != nil {
 		err = errors.Join(err, werr)
 	}
 	if err != nil {
+		if tm.Cron != "" {
+			return fmt.Errorf("cron timer %q at %s on partition %d: %w", tm.Cron, at.UTC().Format(time.RFC3339Nano), p, err)
+		}
 		return fmt.Errorf("%s timer at %s on partition %d: %w", tm.Clock, at.UTC().Format(time.RFC3339Nano), p, err)
 	}
 	return nil

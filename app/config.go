@@ -121,12 +121,13 @@ type Config struct {
 	// RUNNEL_SASL_*, --sasl-*. Its password is never logged.
 	SASL SASL
 
-	redelivery            Redelivery    // WithRedelivery
-	repartitionPurge      time.Duration // WithRepartitionPurge
-	devTopic, devKeyField string        // WithDevInput
-	topicPrefix           string        // WithTopicPrefix
-	eager                 bool          // WithRebalanceProtocol(eager)
-	userLogger            bool          // WithLogger: the CLI keeps it unless a log flag is given
+	redelivery            Redelivery       // WithRedelivery
+	repartitionPurge      time.Duration    // WithRepartitionPurge
+	cronClock             func() time.Time // WithCronClock (timers.go)
+	devTopic, devKeyField string           // WithDevInput
+	topicPrefix           string           // WithTopicPrefix
+	eager                 bool             // WithRebalanceProtocol(eager)
+	userLogger            bool             // WithLogger: the CLI keeps it unless a log flag is given
 }
 
 // Defaults of Config fields whose zero value is not their default.

@@ -180,7 +180,8 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	env := *w.env
 	env.InFlight = pt.inflight
 	pt.env = &env
-	defer pt.startTimers(ctx)() // timers.go
+	pt.backfillJoins(ctx, acquired) // joins.go
+	defer pt.startTimers(ctx)()     // timers.go
 	// run returns nil on a revoke (after draining and committing), the
 	// agent's error under agent.StopWorker (the worker stops); failures that
 	// restart the partition are handled inside, within the session.

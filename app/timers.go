@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
@@ -56,6 +55,10 @@ func (pt *partition) startTimers(ctx context.Context) (stop func()) {
 
 // runTimer fires tm on the partition until ctx ends.
 func (pt *partition) runTimer(ctx context.Context, name string, tm agent.Timer) {
+	if tm.Cron != "" {
+		pt.runCron(ctx, name, tm)
+		return
+	}
 	switch tm.Clock {
 	case agent.WallClock:
 		last := tm.Boundary(time.Now())
@@ -131,6 +134,140 @@ func (pt *partition) runTimer(ctx context.Context, name string, tm agent.Timer) 
 	}
 }
 
+// cronRecheck is how often a running Cron timer reads its last firing back
+// from its table between two scheduled times: a firing whose writes a
+// failed record's restart dropped (the caches go back to the last commit)
+// is then made again within this delay, not at the next scheduled time.
+const cronRecheck = time.Minute
+
+// WithCronClock sets the wall clock Cron timers (agent.Cron) read; default
+// time.Now. A clock set ahead (time.Now().Add(d)) runs the schedules as they
+// would run d later, which a test of "0 9 * * *" or a rehearsal of a
+// schedule needs; the clock must advance at the real pace (the timers wait
+// with real timers for the time it says).
+func WithCronClock(now func() time.Time) Option { return func(c *Config) { c.cronClock = now } }
+
+// cronNow reads the Cron timers' clock.
+func (w *Worker) cronNow() time.Time {
+	if w.cfg.cronClock != nil {
+		return w.cfg.cronClock()
+	}
+	return time.Now()
+}
+
+// runCron fires a Cron timer on the partition until ctx ends. Its last
+// firing, kept in the agent's cron table and committed with the firing's
+// effects, says what was missed: at start, and every cronRecheck, a
+// scheduled time passed since the last firing fires once, for the latest
+// such time (missed runs are run once, not skipped). A schedule the
+// partition never saw is armed at the current time: nothing before counts
+// as missed.
+func (pt *partition) runCron(ctx context.Context, name string, tm agent.Timer) {
+	src, _ := pt.w.graph.Topic(pt.topic)
+	tm = tm.WithPartitions(src.Partitions)
+	armed := false
+	for {
+		now := pt.w.cronNow()
+		last, ok, err := tm.LastFiring(pt.p, src.Partitions, pt.env)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return // the claim ended (its store may be closing)
+		case err != nil:
+			pt.timerFailed(name, tm, now, err)
+			return
+		case !ok && !armed:
+			// First sight of the schedule on this partition.
+			if !pt.arm(ctx, name, tm, src.Partitions, now) {
+				return
+			}
+			armed, last = true, now
+		case !ok:
+			// Armed, and the arming dropped with the caches since: the
+			// partition restarted; arm again from its last commit.
+			armed = false
+			continue
+		default:
+			armed = true
+			if at, missed := tm.Prev(last, now); missed {
+				if !pt.fire(ctx, name, tm, at) {
+					return
+				}
+				last = at
+			}
+		}
+		next := tm.Next(maxTime(now, last))
+		if next.IsZero() {
+			return // no scheduled time in the next five years
+		}
+		wait := next.Sub(pt.w.cronNow())
+		recheck := wait > cronRecheck
+		if recheck {
+			wait = cronRecheck
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if recheck {
+			continue
+		}
+		// Late by more than one scheduled time (a cycle or an earlier
+		// firing took long): fire once, for the latest.
+		at := next
+		if p, ok := tm.Prev(next, pt.w.cronNow()); ok {
+			at = p
+		}
+		if !pt.fire(ctx, name, tm, at) {
+			return
+		}
+	}
+}
+
+// timerClock is the clock label of runnel_timer_firings_total: wall-clock,
+// stream-time or cron.
+func timerClock(tm agent.Timer) string {
+	if tm.Cron != "" {
+		return "cron"
+	}
+	return tm.Clock.String()
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// arm records now as the Cron timer's last firing on the partition (its
+// first sight there) inside the task, as a firing; false when it did not
+// run (the claim ends, the task was abandoned, or it failed).
+func (pt *partition) arm(ctx context.Context, name string, tm agent.Timer, parts int32, now time.Time) bool {
+	fctx, cancel := context.WithTimeout(context.Background(), pt.w.flushBudget())
+	defer cancel()
+	ran := false
+	err := pt.punctuate(ctx, &ran, func() error { return tm.Arm(fctx, pt.p, parts, pt.env, now) })
+	if ran && err != nil {
+		pt.timerFailed(name, tm, now, err)
+		return false
+	}
+	if ran {
+		pt.w.log.Debug("cron timer armed", "agent", name, "topic", pt.topic, "partition", pt.p, "cron", tm.Cron, "at", now)
+	}
+	return ran
+}
+
+// timerFailed abandons the partition's task after a timer's failure: the
+// partition restarts from its committed offsets.
+func (pt *partition) timerFailed(name string, tm agent.Timer, at time.Time, err error) {
+	pt.w.log.Warn("timer failed; the partition restarts from its committed offsets",
+		"agent", name, "topic", pt.topic, "partition", pt.p, "timer", tm.String(), "at", at, "err", err)
+	pt.task.abandon(&pt.w.tasks, err)
+}
+
 // maxCatchUp bounds how many multiples of its interval a stream-time timer
 // fires for in one step when the stream time jumped: beyond it, it fires once,
 // for the latest (a record stamped a year ahead must not fire an hourly
@@ -150,29 +287,43 @@ func (pt *partition) fire(ctx context.Context, name string, tm agent.Timer, at t
 	defer cancel()
 	began := time.Now()
 	ran := false
-	err := pt.task.t.Punctuate(ctx, func() error {
-		if ctx.Err() != nil || pt.feed.isRevoked() {
-			return nil
-		}
-		ran = true
-		return tm.Fire(fctx, pt.p, pt.env, at)
-	})
+	err := pt.punctuate(ctx, &ran, func() error { return tm.Fire(fctx, pt.p, pt.env, at) })
 	switch {
 	case !ran:
 		// The task was abandoned (the partition restarts) or the claim
 		// ends: no firing now.
 		return false
 	case err == nil:
-		w.metrics.timerFirings.WithLabelValues(name, tm.Clock.String()).Inc()
-		w.log.Debug("timer fired", "agent", name, "topic", pt.topic, "partition", pt.p, "clock", tm.Clock.String(),
+		w.metrics.timerFirings.WithLabelValues(name, timerClock(tm)).Inc()
+		w.log.Debug("timer fired", "agent", name, "topic", pt.topic, "partition", pt.p, "timer", tm.String(),
 			"at", at, "elapsed", time.Since(began))
 	default:
-		w.log.Warn("timer failed; the partition restarts from its committed offsets",
-			"agent", name, "topic", pt.topic, "partition", pt.p, "clock", tm.Clock.String(), "at", at, "err", err)
-		pt.task.abandon(&w.tasks, err)
+		pt.timerFailed(name, tm, at, err)
 		return false
 	}
 	return true
+}
+
+// punctuate runs fn inside the partition's task between two cycles
+// (task.Task.Punctuate), unless the claim ended, and sets *ran when it did.
+// When fn fails, the task is abandoned before the cycle token is given back:
+// fn may have written the caches, and a cycle that took the token between
+// the failure and the abandonment would commit those writes (a failing
+// timer's table write was committed that way under CPU load:
+// TestFailingTimerRestartsPartition). The caller still reports the failure
+// (timerFailed), which marks the task abandoned for its claims.
+func (pt *partition) punctuate(ctx context.Context, ran *bool, fn func() error) error {
+	return pt.task.t.Punctuate(ctx, func() error {
+		if ctx.Err() != nil || pt.feed.isRevoked() {
+			return nil
+		}
+		*ran = true
+		err := fn()
+		if err != nil {
+			pt.task.t.Abandon(err)
+		}
+		return err
+	})
 }
 
 // isRevoked reports whether the claim's channel closed.
@@ -196,7 +347,7 @@ func describeAgent(r agent.Runner) topology.Agent {
 		}
 	}
 	for _, tm := range r.Settings().Timers {
-		ta.Timers = append(ta.Timers, fmt.Sprintf("every %v %s", tm.Interval, tm.Clock))
+		ta.Timers = append(ta.Timers, tm.String())
 	}
 	return ta
 }

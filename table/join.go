@@ -1,6 +1,7 @@
 package table
 
 import (
+	"bytes"
 	"fmt"
 
 	"github.com/runnel-dev/runnel/codec"
@@ -75,6 +76,29 @@ type Joined[K any, VO any] struct {
 	*Table[K, VO]
 	kind        JoinKind
 	left, right string
+	backfill    func(ev Event) (int, error) // see Backfill
+}
+
+// Backfill makes the event's partition of the joined table equal to the
+// join of the two tables' partitions: every key either table holds (or the
+// joined table holds) is recomputed, and written (a value or a tombstone)
+// only when the joined table's value differs. It returns how many keys it
+// wrote. The worker runs it when a task starts, after its tables were
+// restored and before the task's first cycle commits, so a join declared on
+// tables that already hold data, or a joined table whose store and
+// changelog were lost, is filled in the task's first commit cycle. Each
+// key's recompute is one step for the partition, as a write's is, so
+// records processed meanwhile never leave a stale joined value. Its cost is
+// one scan of the three tables' partitions (its keys held in memory).
+// Errors: the tables' (not running, a store error, a value that does not
+// decode or encode).
+func (j *Joined[K, VO]) Backfill(ev Event) (int, error) { return j.backfill(ev) }
+
+// Backfiller is implemented by joined tables (Join): the worker fills a
+// task's partition of them when the task starts (Joined.Backfill).
+type Backfiller interface {
+	Def
+	Backfill(ev Event) (written int, err error)
 }
 
 // JoinOf names the joined tables and the kind of join (for describe).
@@ -101,9 +125,10 @@ type JoinDef interface {
 //
 // The three tables must be co-partitioned (the same partition count; the
 // App checks it at build); the joined table takes left's partition option.
-// The joined table is written only by the join: a key written to left or
-// right before the join was declared joins at its next write (there is no
-// backfill). The joiner must not use the tables.
+// The joined table is written only by the join. Keys the tables held
+// before the join was declared (or before the joined table's state was
+// lost) are filled in when each partition's task starts (Joined.Backfill).
+// The joiner must not use the tables.
 func Join[K any, VL any, VR any, VO any](h Host, name string, kind JoinKind, left *Table[K, VL], right *Table[K, VR],
 	vc codec.Codec[VO], joiner Joiner[VL, VR, VO], opts ...Option) *Joined[K, VO] {
 	if left.opts.partitions > 0 {
@@ -112,10 +137,13 @@ func Join[K any, VL any, VR any, VO any](h Host, name string, kind JoinKind, lef
 	j := &Joined[K, VO]{Table: &Table[K, VO]{declared: declare(h, name, left.kc, vc, opts)}, kind: kind,
 		left: left.name, right: right.name}
 	h.RegisterTable(j)
-	recompute := func(ev Event, key K) error {
+	// recompute sets key's joined value from both sides; onlyChanged
+	// (the backfill) leaves a value that would not change unwritten and
+	// reports whether it wrote.
+	recompute := func(ev Event, key K, onlyChanged bool) (bool, error) {
 		out, err := j.current(ev)
 		if err != nil {
-			return err
+			return false, err
 		}
 		// The join of one key is one step for the partition: of two
 		// concurrent writes to left and right, the later recompute reads
@@ -124,10 +152,10 @@ func Join[K any, VL any, VR any, VO any](h Host, name string, kind JoinKind, lef
 		var l Side[VL]
 		var r Side[VR]
 		if l.Value, l.OK, err = left.Get(ev, key); err != nil {
-			return fmt.Errorf("join %s: %w", name, err)
+			return false, fmt.Errorf("join %s: %w", name, err)
 		}
 		if r.Value, r.OK, err = right.Get(ev, key); err != nil {
-			return fmt.Errorf("join %s: %w", name, err)
+			return false, fmt.Errorf("join %s: %w", name, err)
 		}
 		keep := l.OK && r.OK
 		switch kind {
@@ -136,15 +164,79 @@ func Join[K any, VL any, VR any, VO any](h Host, name string, kind JoinKind, lef
 		case OuterJoin:
 			keep = l.OK || r.OK
 		}
+		if keep && !onlyChanged {
+			return true, j.Set(ev, key, joiner(l, r))
+		}
+		cur, had, err := j.Get(ev, key)
+		if err != nil {
+			return false, err
+		}
 		if keep {
-			return j.Set(ev, key, joiner(l, r))
+			v := joiner(l, r)
+			if had {
+				if same, err := j.sameValue(cur, v); err != nil || same {
+					return false, err
+				}
+			}
+			return true, j.Set(ev, key, v)
 		}
-		if _, had, err := j.Get(ev, key); err != nil || !had {
-			return err
+		if !had {
+			return false, nil
 		}
-		return j.Delete(ev, key)
+		return true, j.Delete(ev, key)
 	}
-	left.watch(recompute)
-	right.watch(recompute)
+	onWrite := func(ev Event, key K) error {
+		_, err := recompute(ev, key, false)
+		return err
+	}
+	left.watch(onWrite)
+	right.watch(onWrite)
+	j.backfill = func(ev Event) (int, error) {
+		keys := map[string]K{}
+		collect := func(t *Table[K, VL], u *Table[K, VR], o *Table[K, VO]) error {
+			add := func(k K) bool {
+				kb, err := left.kc.Encode(k)
+				if err == nil {
+					keys[string(kb)] = k
+				}
+				return err == nil
+			}
+			if err := t.Range(ev, func(k K, _ VL) bool { return add(k) }); err != nil {
+				return err
+			}
+			if err := u.Range(ev, func(k K, _ VR) bool { return add(k) }); err != nil {
+				return err
+			}
+			return o.Range(ev, func(k K, _ VO) bool { return add(k) })
+		}
+		if err := collect(left, right, j.Table); err != nil {
+			return 0, fmt.Errorf("join %s: backfill: %w", name, err)
+		}
+		n := 0
+		for _, k := range keys {
+			wrote, err := recompute(ev, k, true)
+			if err != nil {
+				return n, fmt.Errorf("join %s: backfill: %w", name, err)
+			}
+			if wrote {
+				n++
+			}
+		}
+		return n, nil
+	}
 	return j
+}
+
+// sameValue reports whether a and b encode to the same bytes (the joined
+// table's value would not change).
+func (j *Joined[K, VO]) sameValue(a, b VO) (bool, error) {
+	ab, err := j.encodeValue(a)
+	if err != nil {
+		return false, err
+	}
+	bb, err := j.encodeValue(b)
+	if err != nil {
+		return false, err
+	}
+	return bytes.Equal(ab, bb), nil
 }

@@ -25,7 +25,8 @@ type Change struct {
 	Dirs       []string `json:"dirs"`
 }
 
-// DirChange is one directory touched by a change, keyed by Dir on changes-by-dir.
+// DirChange is one directory touched by a change, keyed by Dir on the
+// repartition topic "<app>-changes-by-dir-repartition".
 type DirChange struct {
 	Dir     string `json:"dir"`
 	EventID string `json:"event_id"`
@@ -49,10 +50,15 @@ func Build(id string, opts ...app.Option) *Pipeline {
 	a := app.New(id, opts...)
 	p := &Pipeline{App: a}
 	p.Events = app.Topic(a, "change-events", codec.String(), codec.JSON[Change](), app.Partitions(8))
-	p.ByDir = app.Topic(a, "changes-by-dir", codec.String(), codec.JSON[DirChange](), app.Partitions(8))
 	p.CommitsPerActor = table.New(a, "commits-per-actor", codec.String(), codec.DecimalInt64())
 	p.LinesPerActor = table.New(a, "lines-per-actor", codec.String(), codec.DecimalInt64())
 	p.EventsPerDir = table.New(a, "events-per-dir", codec.String(), codec.DecimalInt64())
+	// Counting per directory needs the records keyed by directory: a table
+	// key must live in the partition of the event that writes it. The
+	// repartition topic "<app>-changes-by-dir-repartition" is created with
+	// change-events' partition count; a record sent to it is a sink of the
+	// change event (docs/streams.md).
+	p.ByDir = agent.Repartition(a, "changes-by-dir", p.Events, codec.String(), codec.JSON[DirChange]())
 
 	agent.New(a, "count-by-actor", p.Events, func(ctx context.Context, s *agent.Stream[string, Change]) error {
 		for ev := range s.Events() {

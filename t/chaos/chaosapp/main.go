@@ -8,7 +8,8 @@
 // included, which the app reads itself):
 //
 //	CHAOS_APP              app ID (consumer group, changelog prefix); required
-//	CHAOS_PREFIX           prefix of the declared topics (change-events, changes-by-dir)
+//	CHAOS_PREFIX           prefix of the declared topics (change-events; the repartition topic
+//	                       changes-by-dir is named from the app ID)
 //	CHAOS_SESSION          consumer-group session timeout (Go duration); default 6s,
 //	                       Kafka's group.min.session.timeout.ms
 //	CHAOS_COMMIT_INTERVAL  commit interval; default the app's (2.8 s)
@@ -39,6 +40,9 @@ func main() {
 		// Heartbeat 250 ms (the app's default) and a rebalance timeout of
 		// 2.5 sessions: a killed member is dropped after one session.
 		app.WithGroupTimeouts(session, 0, session*5/2, 0),
+		// The verifier reads the changes-by-dir repartition topic back whole:
+		// no purge of its consumed records.
+		app.WithRepartitionPurge(-1),
 	}
 	if v := os.Getenv("CHAOS_COMMIT_INTERVAL"); v != "" {
 		d, err := time.ParseDuration(v)
