@@ -18,7 +18,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -200,24 +199,6 @@ func startSecuredKfake(t *testing.T, opts ...kfake.Opt) []string {
 	return c.ListenAddrs()
 }
 
-// lockedBuffer collects log lines from several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // secureCount declares a word-count app: an agent counts the records of
 // "words" per key into the table "counts".
 func secureCount(id string, opts ...app.Option) (*app.App, *agent.Topic[string, string], *table.Table[string, int64]) {
@@ -260,7 +241,7 @@ func secureClient(t *testing.T, brokers []string, sec kafka.Security) sarama.Cli
 // times. It returns the worker's log and the app.
 func runSecuredCount(t *testing.T, brokers []string, client sarama.Client, opts ...app.Option) (string, *app.App) {
 	t.Helper()
-	logs := &lockedBuffer{}
+	logs := &testbroker.LockedBuffer{}
 	id := testbroker.Topic(t, "sec")
 	a, words, counts := secureCount(id, append([]app.Option{
 		app.WithBrokers(brokers...),

@@ -2,9 +2,11 @@ package testbroker
 
 import (
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 )
 
@@ -71,4 +73,25 @@ func (w LogWriter) Write(p []byte) (int, error) {
 	w.T.Helper()
 	w.T.Log(string(p))
 	return len(p), nil
+}
+
+// LockedBuffer is a bytes.Buffer that several goroutines may write (a
+// logger, a child process's stderr copier) while a test reads it.
+type LockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (l *LockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns everything written so far.
+func (l *LockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

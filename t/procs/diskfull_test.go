@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,25 +15,6 @@ import (
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/testbroker"
 )
-
-// lockedBuffer collects a child's stderr (written by exec's copier, read by
-// the test).
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestDiskFullWorker runs a worker process whose data dir lies on a small
 // tmpfs that fills up while it processes large values (issue #12: Pebble's
@@ -68,7 +48,7 @@ func TestDiskFullWorker(t *testing.T) {
 	}
 	dataDir := filepath.Join(mnt, "w1")
 
-	start := func(stderr *lockedBuffer) (*exec.Cmd, chan error) {
+	start := func(stderr *testbroker.LockedBuffer) (*exec.Cmd, chan error) {
 		cmd := exec.Command(cl.bin)
 		cmd.Env = append(os.Environ(), "RUNNEL_BROKERS="+strings.Join(cl.brokers, ","), "PROCS_APP="+cl.app,
 			"PROCS_TOPIC="+cl.topic, "PROCS_DIR="+dataDir, "PROCS_FILL=1", "PROCS_LOG_LEVEL=info")
@@ -92,7 +72,7 @@ func TestDiskFullWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	var stderr1 lockedBuffer
+	var stderr1 testbroker.LockedBuffer
 	_, done1 := start(&stderr1)
 	waitTopic(t, client, cl.topic)
 	sent := produceLarge(t, cl.brokers, cl.topic, 768, 768, 32<<10)
@@ -121,7 +101,7 @@ func TestDiskFullWorker(t *testing.T) {
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
-	var stderr2 lockedBuffer
+	var stderr2 testbroker.LockedBuffer
 	cmd2, done2 := start(&stderr2)
 	waitCommitted(t, client, cl.app, cl.topic, 2*time.Minute, func() string { return tail(stderr2.String(), 20) })
 	if err := cmd2.Process.Signal(syscall.SIGTERM); err != nil {
