@@ -21,24 +21,8 @@ func joinSides(a *app.App) (leftIn, rightIn *agent.Topic[string, string], left, 
 	rightIn = app.Topic(a, "right-in", codec.String(), codec.String(), app.Partitions(parts))
 	left = table.New(a, "left", codec.String(), codec.String())
 	right = table.New(a, "right", codec.String(), codec.String())
-	apply := func(tb *table.Table[string, string]) agent.Func[string, string] {
-		return func(ctx context.Context, s *agent.Stream[string, string]) error {
-			for ev := range s.Events() {
-				var err error
-				if ev.Value == "del" {
-					err = tb.Delete(ev, ev.Key)
-				} else {
-					err = tb.Set(ev, ev.Key, ev.Value)
-				}
-				if err != nil {
-					return err
-				}
-			}
-			return s.Err()
-		}
-	}
-	agent.New(a, "set-left", leftIn, apply(left))
-	agent.New(a, "set-right", rightIn, apply(right))
+	agent.New(a, "set-left", leftIn, setOrDelete(left))
+	agent.New(a, "set-right", rightIn, setOrDelete(right))
 	return
 }
 

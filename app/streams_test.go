@@ -556,24 +556,8 @@ func TestTableTableJoin(t *testing.T) {
 	table.Join(a, "inner", table.InnerJoin, left, right, codec.String(), joiner)
 	table.Join(a, "lefty", table.LeftJoin, left, right, codec.String(), joiner)
 	table.Join(a, "outer", table.OuterJoin, left, right, codec.String(), joiner)
-	apply := func(tb *table.Table[string, string]) agent.Func[string, string] {
-		return func(ctx context.Context, s *agent.Stream[string, string]) error {
-			for ev := range s.Events() {
-				var err error
-				if ev.Value == "del" {
-					err = tb.Delete(ev, ev.Key)
-				} else {
-					err = tb.Set(ev, ev.Key, ev.Value)
-				}
-				if err != nil {
-					return err
-				}
-			}
-			return s.Err()
-		}
-	}
-	agent.New(a, "set-left", leftIn, apply(left))
-	agent.New(a, "set-right", rightIn, apply(right))
+	agent.New(a, "set-left", leftIn, setOrDelete(left))
+	agent.New(a, "set-right", rightIn, setOrDelete(right))
 	if g, err := a.Topology(); err != nil || !strings.Contains(fmt.Sprintf("%+v", g.Tables), "JoinOf:[left right] JoinKind:inner") {
 		t.Fatalf("topology %+v, %v: the join is not shown", g.Tables, err)
 	}
@@ -654,3 +638,22 @@ func TestTableTableJoin(t *testing.T) {
 }
 
 func mapKeys(m map[string]string) iter.Seq[string] { return maps.Keys(m) }
+
+// setOrDelete is an agent that writes each record's value to tb under its
+// key, or deletes the key when the value is "del".
+func setOrDelete(tb *table.Table[string, string]) agent.Func[string, string] {
+	return func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for ev := range s.Events() {
+			var err error
+			if ev.Value == "del" {
+				err = tb.Delete(ev, ev.Key)
+			} else {
+				err = tb.Set(ev, ev.Key, ev.Value)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return s.Err()
+	}
+}

@@ -80,7 +80,7 @@ type PebbleOptions struct {
 	// store with an error wrapping ErrFailed and syscall.ENOSPC before
 	// Pebble writes anything. Pebble meeting a full disk in its commit path
 	// panics (a failed write-ahead log rotation) and can leave its commit
-	// pipeline locked or abort the process in a deferred unlock; failing
+	// pipeline locked or crash the process (seen on a full tmpfs); failing
 	// first keeps the database closable and the process alive. Default:
 	// twice MemTableSize (a memtable flush writes up to a memtable of
 	// tables while the log still holds it); negative: no check.

@@ -378,3 +378,9 @@ func (w *watcher) Close() {
 	<-w.stopped
 	w.cl.Close()
 }
+
+// watchChangelog watches the changelog of s's table in run r for the
+// expected counts (read_committed for an exactly-once system).
+func (h *harness) watchChangelog(r *run, s *system) (*watcher, error) {
+	return watch(r.b.addrs, s.changelog(r.id), false, s.eos, s.decode, s.key, h.data.counts)
+}

@@ -112,7 +112,7 @@ func (h *harness) runRebalances(s *system, round int) result {
 		return res.fail(err)
 	}
 	defer r.close()
-	w, err := watch(r.b.addrs, s.changelog(r.id), false, s.eos, s.decode, s.key, h.data.counts)
+	w, err := h.watchChangelog(r, s)
 	if err != nil {
 		return res.fail(err)
 	}
@@ -314,7 +314,7 @@ func (h *harness) redeliverRun(s *system, round int, extra []string) (float64, s
 		return 0, "", err
 	}
 	defer wo.Close()
-	w, err := watch(r.b.addrs, s.changelog(r.id), false, s.eos, s.decode, s.key, h.data.counts)
+	w, err := h.watchChangelog(r, s)
 	if err != nil {
 		return 0, "", err
 	}

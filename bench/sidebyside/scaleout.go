@@ -30,7 +30,7 @@ func (h *harness) runScaleOut(s *system, round int) result {
 		return res.fail(err)
 	}
 	defer r.close()
-	w, err := watch(r.b.addrs, s.changelog(r.id), false, s.eos, s.decode, s.key, h.data.counts)
+	w, err := h.watchChangelog(r, s)
 	if err != nil {
 		return res.fail(err)
 	}

@@ -189,7 +189,7 @@ func (h *harness) runStateful(s *system, round int, restore bool, profile []stri
 			return res.fail(err), rres.fail(err)
 		}
 	}
-	w, err := watch(r.b.addrs, s.changelog(r.id), false, s.eos, s.decode, s.key, h.data.counts)
+	w, err := h.watchChangelog(r, s)
 	if err != nil {
 		return res.fail(err), rres.fail(err)
 	}
@@ -271,7 +271,7 @@ func (h *harness) runTakeover(s *system, workload string, sig syscall.Signal, ro
 		return res.fail(err)
 	}
 	defer r.close()
-	w, err := watch(r.b.addrs, s.changelog(r.id), false, s.eos, s.decode, s.key, h.data.counts)
+	w, err := h.watchChangelog(r, s)
 	if err != nil {
 		return res.fail(err)
 	}
