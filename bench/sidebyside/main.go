@@ -81,7 +81,7 @@ func realMain() error {
 	flag.BoolVar(&cfg.quick, "quick", false, "CI mode: 1 round, 100k records, kfake, Go systems, no profiles, docs untouched")
 	flag.StringVar(&cfg.broker, "broker", "kfake", "kfake (a fresh in-process kfake per run) or kafka (Apache Kafka 4.4 via scripts/kafka)")
 	flag.StringVar(&cfg.bootstrap, "bootstrap", "", "with -broker kafka: use this running broker instead of starting scripts/kafka")
-	flag.IntVar(&cfg.kafkaPort, "kafka-port", 39592, "with -broker kafka: the client port of the broker scripts/kafka starts (its controller: +100)")
+	flag.IntVar(&cfg.kafkaPort, "kafka-port", 29592, "with -broker kafka: the client port of the broker scripts/kafka starts (its controller: +100)")
 	flag.StringVar(&systemsFlag, "systems", "", "comma-separated systems (default: every system the broker supports)")
 	flag.StringVar(&workloadsFlag, "workloads", strings.Join(allWorkloads, ","), "comma-separated workloads")
 	flag.IntVar(&cfg.rounds, "rounds", 3, "interleaved rounds")
@@ -361,7 +361,7 @@ func (h *harness) startKafka() (func(), error) {
 	if bootstrap == "" {
 		script := filepath.Join(h.root, "scripts", "kafka")
 		// Its own cache dir and port: the tests' broker (scripts/ci-kafka.sh,
-		// the default dir and port 39092) may run at the same time, and
+		// the default dir and port 29092) may run at the same time, and
 		// `scripts/kafka stop` stops every node of its dir.
 		env := os.Environ()
 		if os.Getenv("RUNNEL_KAFKA_HOME") == "" {

@@ -2,9 +2,9 @@
 // or a real Apache Kafka cluster (the second test tier) when one is named.
 //
 // The real tier is selected by the environment variable RUNNEL_KAFKA_BROKERS
-// (comma-separated host:port, e.g. 127.0.0.1:39092) or by the test flag
+// (comma-separated host:port, e.g. 127.0.0.1:29092) or by the test flag
 //
-//	go test ./internal/testbroker -kafka=127.0.0.1:39092
+//	go test ./internal/testbroker -kafka=127.0.0.1:29092
 //
 // The flag is registered by this package, so it is only accepted by test binaries that
 // import testbroker; use the environment variable for `go test ./...`. scripts/kafka

@@ -6,7 +6,7 @@
 // join does not pay for it. It prints the detected sarama version to stderr and exits 0,
 // or exits 1 with the last error once -timeout has passed.
 //
-//	go run ./internal/testbroker/kafkaready -brokers 127.0.0.1:39092 -expect 1 -timeout 120s
+//	go run ./internal/testbroker/kafkaready -brokers 127.0.0.1:29092 -expect 1 -timeout 120s
 package main
 
 import (
@@ -24,7 +24,7 @@ import (
 )
 
 func main() {
-	brokers := flag.String("brokers", "127.0.0.1:39092", "comma-separated bootstrap addresses")
+	brokers := flag.String("brokers", "127.0.0.1:29092", "comma-separated bootstrap addresses")
 	expect := flag.Int("expect", 1, "number of brokers the metadata must list")
 	timeout := flag.Duration("timeout", 120*time.Second, "give up after this long")
 	flag.Parse()
