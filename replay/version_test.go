@@ -11,6 +11,7 @@ import (
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/testbroker"
 	"github.com/runnel-dev/runnel/replay"
 	"github.com/runnel-dev/runnel/runneltest"
 	"github.com/runnel-dev/runnel/table"
@@ -59,11 +60,12 @@ type versionApp struct {
 
 // buildVersionApp: one agent applies every update through the guard. failOn
 // names one value whose first delivery writes and then fails the record, so
-// that the worker reverts the cycle and redelivers it (agent.Restart).
-func buildVersionApp(failOn string) *versionApp {
-	a := app.New("version-guard")
+// that the worker reverts the cycle and redelivers it (agent.Restart). id is
+// the app ID and prefixes its input topic: unique per run, for the real tier.
+func buildVersionApp(id, failOn string) *versionApp {
+	a := app.New(id)
 	v := &versionApp{app: a}
-	v.updates = app.Topic(a, "entity-updates", codec.String(), codec.JSON[update](), app.Partitions(4))
+	v.updates = app.Topic(a, id+"-entity-updates", codec.String(), codec.JSON[update](), app.Partitions(4))
 	v.state = replay.NewVersionedTable(a, "entity-state", codec.String(), codec.String())
 	var failed atomic.Bool
 	agent.New(a, "apply", v.updates, func(ctx context.Context, s *agent.Stream[string, update]) error {
@@ -128,8 +130,9 @@ func TestVersionGuard(t *testing.T) {
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
-	v := buildVersionApp("e7-v5")
-	d, err := runneltest.Start(v.app, runneltest.Options{Workers: 2})
+	v := buildVersionApp(testbroker.Topic(t, "version-guard"), "e7-v5")
+	// On the real tier (RUNNEL_KAFKA_BROKERS) the workers run on Kafka.
+	d, err := runneltest.Start(v.app, runneltest.Options{Workers: 2, Brokers: testbroker.Brokers(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,8 @@
 // changelog records, dead letters) was acknowledged, so what a read returns
 // is the complete, exact result of the records sent before it. Event time
 // (windowed tables, stream time) comes from the record timestamp: Send with
-// At(ts). docs/testing.md is the guide.
+// At(ts). Options.Brokers runs the same test on a cluster instead (a real
+// Kafka in an integration tier). docs/testing.md is the guide.
 //
 // runneltest must never be imported by a production binary's main code path:
 // it starts a broker and removes its stores on Close; and it never mocks the

@@ -37,6 +37,15 @@ type Options struct {
 	// 2.8 s). A task also runs a cycle as soon as it has been idle for a
 	// tenth of it (app.Config.IdleCommit).
 	CommitInterval time.Duration
+	// Brokers, when set, runs the workers on that cluster (host:port
+	// bootstrap addresses, e.g. a real Kafka for an integration test)
+	// instead of an embedded broker. The app's topics, consumer group and
+	// changelogs are created there and stay after Close (only the local
+	// stores are removed), so give every run its own app ID. The cluster
+	// must accept the group timeouts of Runnel's tests (a 6 s session
+	// timeout: Kafka's default group.min.session.timeout.ms) and needs no
+	// TLS or SASL.
+	Brokers []string
 }
 
 // Driver runs an app's agents and tables in this process on an embedded Kafka
@@ -47,7 +56,8 @@ type Options struct {
 // topics. A Driver's methods are safe for concurrent use, except Restart.
 type Driver struct {
 	app     *app.App
-	broker  *embedded.Broker
+	broker  *embedded.Broker // nil with Options.Brokers
+	addrs   []string         // the broker's bootstrap addresses
 	client  sarama.Client
 	prod    sarama.SyncProducer
 	workers []*app.Worker // replaced by Restart; not safe for concurrent use with it
@@ -66,7 +76,7 @@ type Driver struct {
 	closed bool       // guarded by mu
 }
 
-// Start starts an embedded broker, creates the app's topics and runs
+// Start starts an embedded broker (or uses o.Brokers), creates the app's topics and runs
 // o.Workers workers of a, with their stores in a temporary directory. It
 // returns when every worker joined the group and restored its tables. The
 // app must not run elsewhere; Start changes its broker, logger, group
@@ -90,11 +100,14 @@ func Start(a *app.App, o Options) (_ *Driver, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("runneltest: %w", err)
 	}
-	broker, err := embedded.Start(embedded.Options{})
-	if err != nil {
-		return nil, fmt.Errorf("runneltest: %w", err)
+	d := &Driver{app: a, addrs: o.Brokers, timeout: o.Timeout, sources: g.Subscriptions(), isolation: sarama.ReadUncommitted}
+	if len(d.addrs) == 0 {
+		broker, err := embedded.Start(embedded.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("runneltest: %w", err)
+		}
+		d.broker, d.addrs = broker, broker.Addrs()
 	}
-	d := &Driver{app: a, broker: broker, timeout: o.Timeout, sources: g.Subscriptions(), isolation: sarama.ReadUncommitted}
 	defer func() {
 		if err != nil {
 			d.Close()
@@ -106,7 +119,7 @@ func Start(a *app.App, o Options) (_ *Driver, err error) {
 	// membership (workers sharing a group.instance.id fence each other,
 	// KIP-345), whatever the app or RUNNEL_* say.
 	t := kafka.TestTimeouts
-	a.Configure(app.WithBrokers(broker.Addrs()...), app.WithLogger(o.Logger), app.WithHTTPAddr(""), app.WithInstanceID(""),
+	a.Configure(app.WithBrokers(d.addrs...), app.WithLogger(o.Logger), app.WithHTTPAddr(""), app.WithInstanceID(""),
 		app.WithCommitInterval(o.CommitInterval), app.WithGroupTimeouts(t.Session, t.Heartbeat, t.Rebalance, t.MaxWait))
 	if a.Config().Guarantee == app.ExactlyOnce {
 		d.isolation = sarama.ReadCommitted
@@ -115,14 +128,14 @@ func Start(a *app.App, o Options) (_ *Driver, err error) {
 		return nil, fmt.Errorf("runneltest: %w", err)
 	}
 	vctx, vcancel := context.WithTimeout(context.Background(), o.Timeout)
-	v, err := kafkaversion.Detect(vctx, broker.Addrs(), nil)
+	v, err := kafkaversion.Detect(vctx, d.addrs, nil)
 	vcancel()
 	if err != nil {
 		return nil, fmt.Errorf("runneltest: %w", err)
 	}
 	cfg := kafka.NewConfig("runneltest", v, t)
 	cfg.Consumer.IsolationLevel = d.isolation
-	if d.client, err = sarama.NewClient(broker.Addrs(), cfg); err != nil {
+	if d.client, err = sarama.NewClient(d.addrs, cfg); err != nil {
 		return nil, fmt.Errorf("runneltest: client: %w", err)
 	}
 	if d.prod, err = sarama.NewSyncProducerFromClient(d.client); err != nil {
@@ -210,16 +223,18 @@ func (d *Driver) Close() error {
 	if d.client != nil {
 		_ = d.client.Close()
 	}
-	d.broker.Close()
+	if d.broker != nil {
+		d.broker.Close()
+	}
 	if d.dir != "" {
 		_ = os.RemoveAll(d.dir)
 	}
 	return d.workerErr()
 }
 
-// Brokers returns the embedded broker's addresses (host:port), for a client
-// of the test's own.
-func (d *Driver) Brokers() []string { return d.broker.Addrs() }
+// Brokers returns the broker's addresses (host:port): the embedded broker's,
+// or Options.Brokers. For a client of the test's own.
+func (d *Driver) Brokers() []string { return d.addrs }
 
 // Workers returns the running workers (their Processed, DeadLettered and
 // Tasks counts and states).
