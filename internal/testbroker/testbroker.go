@@ -181,6 +181,11 @@ func SaramaConfig(t testing.TB) *sarama.Config {
 	c.Consumer.MaxWaitTime = MaxWaitTime
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	c.Producer.Return.Successes = true
+	// As the workers' producers (internal/kafka.NewConfig): a loaded real broker
+	// answers NOT_LEADER_OR_FOLLOWER for a while after a topic's creation, past
+	// Sarama's default 3 retries of 100 ms (seen in CI at load 20).
+	c.Producer.Retry.Max = 10
+	c.Producer.Retry.Backoff = 250 * time.Millisecond
 	if err := c.Validate(); err != nil {
 		t.Fatalf("testbroker: sarama config: %v", fmt.Errorf("validate: %w", err))
 	}
