@@ -174,12 +174,7 @@ func (t *GlobalTable[K, V]) written(Event, K) error { return nil }
 // offset, so reads see it at once and never see an older value after it
 // (read-your-writes, no going back in time).
 type GlobalState struct {
-	name, topic string
-	partitions  int32
-	store       stores.Store
-	send        ChangelogSendFunc
-
-	rmw partitionLocks // Update's read-modify-write, per partition
+	stateBase
 
 	// CacheBytes and OnFull work as State's (set before the worker starts).
 	CacheBytes int
@@ -201,7 +196,7 @@ type globalWrite struct {
 // NewGlobalState creates the replica of global table d over st (which may hold
 // a previous run's data and checkpoints) with the given producer.
 func NewGlobalState(d Def, partitions int32, st stores.Store, send ChangelogSendFunc) (*GlobalState, error) {
-	s := &GlobalState{name: d.Name(), topic: d.Changelog(), partitions: partitions, store: st, send: send,
+	s := &GlobalState{stateBase: newStateBase(d, partitions, st, send),
 		caches: map[int32]*partState{}, overlay: map[int32]map[string]*globalWrite{}, applied: map[int32]int64{}, changed: make(chan struct{})}
 	for p := int32(0); p < partitions; p++ {
 		off, err := st.Offset(p)
@@ -212,15 +207,6 @@ func NewGlobalState(d Def, partitions int32, st stores.Store, send ChangelogSend
 	}
 	return s, nil
 }
-
-// Name returns the table name.
-func (s *GlobalState) Name() string { return s.name }
-
-// Topic returns the changelog topic.
-func (s *GlobalState) Topic() string { return s.topic }
-
-// Partitions returns the table's partition count.
-func (s *GlobalState) Partitions() int32 { return s.partitions }
 
 // Store returns the replica's store as followers must write it: its Apply
 // also advances the applied offsets and retires own writes the batch covers,

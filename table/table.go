@@ -383,12 +383,7 @@ const DefaultCacheBytes = 4 << 20
 // its changelog record was acknowledged. Reads see the cache, then the cycle
 // being flushed, then the store.
 type State struct {
-	name, topic string
-	partitions  int32
-	store       stores.Store
-	send        ChangelogSendFunc
-
-	rmw partitionLocks // Update's read-modify-write, per partition
+	stateBase
 
 	// CacheBytes overrides DefaultCacheBytes (set before the worker starts).
 	CacheBytes int
@@ -424,18 +419,35 @@ type cacheItem struct {
 
 // NewState creates the runtime of table d with the given store and producer.
 func NewState(d Def, partitions int32, st stores.Store, send ChangelogSendFunc) *State {
-	return &State{name: d.Name(), topic: d.Changelog(), partitions: partitions, store: st, send: send,
-		parts: map[int32]*partState{}}
+	return &State{stateBase: newStateBase(d, partitions, st, send), parts: map[int32]*partState{}}
 }
 
 // Store returns the table's store.
 func (s *State) Store() stores.Store { return s.store }
 
+// stateBase is what a table's runtime (State) and a global table's replica
+// (GlobalState) share: the table's names and partition count, its store and
+// changelog producer, and Update's per-partition lock.
+type stateBase struct {
+	name, topic string
+	partitions  int32
+	store       stores.Store
+	send        ChangelogSendFunc
+	rmw         partitionLocks // Update's read-modify-write, per partition
+}
+
+func newStateBase(d Def, partitions int32, st stores.Store, send ChangelogSendFunc) stateBase {
+	return stateBase{name: d.Name(), topic: d.Changelog(), partitions: partitions, store: st, send: send}
+}
+
 // Topic returns the changelog topic.
-func (s *State) Topic() string { return s.topic }
+func (s *stateBase) Topic() string { return s.topic }
 
 // Name returns the table's name.
-func (s *State) Name() string { return s.name }
+func (s *stateBase) Name() string { return s.name }
+
+// Partitions returns the table's partition count (its changelog's).
+func (s *stateBase) Partitions() int32 { return s.partitions }
 
 // partitionLocks serializes the read-modify-write of Update per partition.
 // The zero value is ready to use.
