@@ -347,8 +347,12 @@ func TestTumblingWeeksRealData(t *testing.T) {
 		t.Logf("LateRecords = %d, %d of them counted again after reprocessing", got, got-m.late)
 	}
 	checkCloses(t, m, closes.finals)
-	if got := w.weeks.ExpiredWindows(); got != int64(len(m.closed)) {
+	// ExpiredWindows counts in this process too, at least once: a window
+	// closed again after reprocessing (as checkCloses allows) expires again.
+	if got := w.weeks.ExpiredWindows(); got < int64(len(m.closed)) {
 		t.Errorf("ExpiredWindows = %d, want %d (retention = size + grace deletes at close)", got, len(m.closed))
+	} else if got > int64(len(m.closed)) {
+		t.Logf("ExpiredWindows = %d, %d of them expired again after reprocessing", got, got-int64(len(m.closed)))
 	}
 	rows, marks := readWindows(t, brokers, w.weeks)
 	checkOpenRows(t, m, rows)
