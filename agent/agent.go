@@ -228,7 +228,7 @@ func (e *Event[K, V]) bindSink() (*sinkAck, bool) {
 	if !e.ackUsed.CompareAndSwap(false, true) {
 		a = &sinkAck{}
 	}
-	a.tok = tok
+	a.tok, a.inc = tok, nil
 	if e.env != nil && e.env.InFlight != nil {
 		a.inflight = e.env.InFlight
 		a.inflight.Add()
@@ -237,16 +237,21 @@ func (e *Event[K, V]) bindSink() (*sinkAck, bool) {
 }
 
 // sinkAck receives the broker's answer for one derived record bound to an
-// event: it confirms or fails the record's persist token and counts the
-// record answered in the partition's in-flight counter.
+// event: it confirms or fails the record's persist token, counts the record
+// answered in the partition's in-flight counter and, when the sender asked
+// (CountAcked), calls its success counter.
 type sinkAck struct {
 	tok      source.Token
 	inflight *table.InFlight
+	inc      func() // called on a successful answer; nil: none
 }
 
 // Acked implements table.Acker.
 func (a *sinkAck) Acked(_ int64, err error) {
 	if err == nil {
+		if a.inc != nil {
+			a.inc()
+		}
 		a.tok.Confirm()
 	} else {
 		a.tok.Fail(err)
@@ -254,6 +259,15 @@ func (a *sinkAck) Acked(_ int64, err error) {
 	if a.inflight != nil {
 		a.inflight.Done()
 	}
+}
+
+// CountAcked makes a successful answer call inc (the worker counts
+// acknowledged sink records with it, without wrapping the receiver). The
+// sender calls it before it hands the record to the producer, so it
+// happens before Acked; it returns true.
+func (a *sinkAck) CountAcked(inc func()) bool {
+	a.inc = inc
+	return true
 }
 
 // Reject resolves the event as rejected: it goes to the agent's dead-letter

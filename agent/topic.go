@@ -89,15 +89,24 @@ func (t *Topic[K, V]) Send(ev table.Event, key K, value V) error {
 	if env == nil || env.Send == nil {
 		return fmt.Errorf("send to %s: %w", t.name, table.ErrNotRunning)
 	}
-	kb, err := t.kc.Encode(key)
+	kb, err := encodeView(t.kc, key)
 	if err != nil {
 		return fmt.Errorf("send to %s: encode key: %w", t.name, err)
 	}
-	vb, err := t.vc.Encode(value)
+	vb, err := encodeView(t.vc, value)
 	if err != nil {
 		return fmt.Errorf("send to %s: encode value: %w", t.name, err)
 	}
 	return t.sendBytes(ev, kb, vb)
+}
+
+// encodeView encodes v with c, without a copy when c is a codec.Viewer: the
+// bytes go to the producer, which only reads them.
+func encodeView[T any](c codec.Codec[T], v T) ([]byte, error) {
+	if vw, ok := c.(codec.Viewer[T]); ok {
+		return vw.View(v), nil
+	}
+	return c.Encode(v)
 }
 
 // sendBytes is Send of an encoded key and value. A repartition topic's

@@ -486,7 +486,6 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	// A warm-up that caught up asks for the follow-up rebalance at once
 	// (KIP-441), instead of waiting for the probing rebalance.
 	go w.strategy.WatchWarmups(ctx, time.Second)
-	go w.purgeRepartitions(ctx) // repartition.go
 	sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{w.strategy}
 	if w.txn != nil {
 		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{txnStrategy{w.strategy, w.txn}}
@@ -494,6 +493,10 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	if w.cfg.InstanceID != "" {
 		sc.Consumer.Group.InstanceId = w.cfg.InstanceID
 	}
+	// Started after the writes to sc above: its admin client opens broker
+	// connections of w.client, which validate (read) sc (a data race
+	// under -race when it started first).
+	go w.purgeRepartitions(ctx) // repartition.go
 	group, err := sarama.NewConsumerGroupFromClient(w.app.id, w.client)
 	if err != nil {
 		return fmt.Errorf("join group %s: %w", w.app.id, err)

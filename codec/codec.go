@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
+	"unsafe"
 )
 
 // Codec converts values of type T to and from bytes. Decode must not retain b.
@@ -48,12 +49,36 @@ func nullable[T any]() bool {
 }
 func (jsonCodec[T]) Name() string { return "json" }
 
+// Viewer is implemented by a codec whose encoding of a value is memory the
+// value already holds (String: the bytes of the string). View returns that
+// encoding without copying it; the caller must only read it, never write to
+// it or keep it past the value's use (for String it is the memory of an
+// immutable string). Topic.Send hands such views to the producer, which only
+// reads them (Sarama copies keys and values into its request buffer), to
+// spare a copy per key and value: on the stateless benchmark the String
+// codec's copies were ~18% of the worker's allocations.
+type Viewer[T any] interface {
+	// View returns the encoding of v, as Encode would, without a copy.
+	// Unlike Encode it cannot fail.
+	View(v T) []byte
+}
+
 type stringCodec struct{}
 
-// String returns a codec that stores a string as its UTF-8 bytes.
+// String returns a codec that stores a string as its UTF-8 bytes. It
+// implements Viewer.
 func String() Codec[string] { return stringCodec{} }
 
 func (stringCodec) Encode(v string) ([]byte, error) { return []byte(v), nil }
+
+// View implements Viewer: the bytes of v, not copied. The empty string's
+// view is empty and not nil (a nil value is a tombstone to the producer).
+func (stringCodec) View(v string) []byte {
+	if len(v) == 0 {
+		return []byte{}
+	}
+	return unsafe.Slice(unsafe.StringData(v), len(v))
+}
 func (stringCodec) Decode(b []byte) (string, error) { return string(b), nil }
 func (stringCodec) Name() string                    { return "string" }
 

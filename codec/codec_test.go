@@ -2,6 +2,7 @@ package codec
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -55,5 +56,30 @@ func TestBadInputIsAnError(t *testing.T) {
 	}
 	if _, err := DecimalInt64().Decode([]byte("x1")); err == nil {
 		t.Fatal("x1 decoded as decimal")
+	}
+}
+
+// TestStringViewIsEncode: String's View returns the bytes Encode returns,
+// without a copy, and the empty string's view is empty but not nil (a nil
+// value is a tombstone to the producer).
+func TestStringViewIsEncode(t *testing.T) {
+	c := String()
+	vw, ok := c.(Viewer[string])
+	if !ok {
+		t.Fatal("String does not implement Viewer")
+	}
+	for _, s := range []string{"", "k", "héllo wörld", string([]byte{0, 0xff, 1})} {
+		enc, _ := c.Encode(s)
+		view := vw.View(s)
+		if string(view) != string(enc) || len(view) != len(s) {
+			t.Fatalf("View(%q) = %q, Encode = %q", s, view, enc)
+		}
+		if view == nil {
+			t.Fatalf("View(%q) is nil: the producer would send a tombstone", s)
+		}
+	}
+	s := strings.Repeat("x", 64)
+	if allocs := testing.AllocsPerRun(100, func() { _ = vw.View(s) }); allocs != 0 {
+		t.Fatalf("View allocates %.0f times per call, want 0", allocs)
 	}
 }

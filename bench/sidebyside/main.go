@@ -43,6 +43,9 @@ type config struct {
 	doc        string // markdown file to update ("" = none)
 	section    string // which generated section of doc (default: the broker)
 	profile    bool
+	// profileSystem is the system profiled (default runnel; the Sarama
+	// loops write CPU profiles too, to compare where the time goes).
+	profileSystem string
 }
 
 // harness holds what every run shares.
@@ -94,7 +97,8 @@ func realMain() error {
 	flag.StringVar(&cfg.doc, "doc", "docs/benchmarks.md", "markdown file whose results section is rewritten (not in -quick)")
 	flag.StringVar(&cfg.section, "section", "", "the generated section of -doc to rewrite (default: the broker's name)")
 	reportOnly := flag.String("report-only", "", "render this results.json (of an interrupted run) with the other flags as they were, run nothing")
-	flag.BoolVar(&cfg.profile, "profile", true, "write pprof CPU and allocation profiles of Runnel stateless and stateful (extra runs)")
+	flag.BoolVar(&cfg.profile, "profile", true, "write pprof CPU and allocation profiles of Runnel stateless and stateful (extra runs; only the selected workloads)")
+	flag.StringVar(&cfg.profileSystem, "profile-system", "runnel", "the selected system -profile profiles (runnel, or sarama and sarama-safe for a CPU profile of the raw loop)")
 	flag.Parse()
 
 	root, err := repoRoot()
@@ -205,6 +209,9 @@ func realMain() error {
 	var profiles []profile
 	if cfg.profile {
 		for _, wl := range []string{"stateless", "stateful"} {
+			if !contains(cfg.workloads, wl) {
+				continue
+			}
 			p, err := h.profileRunnel(sel, wl)
 			if err != nil {
 				h.logf("profile %s: %v", wl, err)

@@ -23,10 +23,15 @@ type profile struct {
 // profileRunnel runs Runnel once more on wl with pprof on and writes
 // runnel-<wl>.cpu.pprof and runnel-<wl>.allocs.pprof into the results dir.
 func (h *harness) profileRunnel(sel []*system, wl string) (profile, error) {
-	p := profile{workload: wl,
-		cpu: filepath.Join(h.cfg.results, "runnel-"+wl+".cpu.pprof"),
-		mem: filepath.Join(h.cfg.results, "runnel-"+wl+".allocs.pprof")}
 	s := sel[0]
+	for _, x := range sel {
+		if x.name == h.cfg.profileSystem {
+			s = x // -profile-system: a peer that honours BENCH_CPUPROFILE (sarama, sarama-safe)
+		}
+	}
+	p := profile{workload: wl,
+		cpu: filepath.Join(h.cfg.results, s.name+"-"+wl+".cpu.pprof"),
+		mem: filepath.Join(h.cfg.results, s.name+"-"+wl+".allocs.pprof")}
 	rs := h.runWorkload(s, wl, 0, []string{"BENCH_CPUPROFILE=" + p.cpu, "BENCH_MEMPROFILE=" + p.mem})
 	if len(rs) == 0 || rs[0].Failure != "" {
 		return p, fmt.Errorf("profiled run failed: %v", rs)

@@ -93,6 +93,8 @@ func systems() []*system {
 			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go"},
 		{name: "sarama", peer: "sarama", bin: "sarama-peer", workloads: []string{"stateless", "stateful"},
 			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", createChangelog: true},
+		{name: "sarama-safe", peer: "sarama", bin: "sarama-peer", env: []string{"BENCH_SARAMA_SAFE=1"}, workloads: []string{"stateless", "stateful"},
+			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", createChangelog: true, optIn: true},
 		{name: "goka", peer: "goka", bin: "goka-peer", workloads: stateful,
 			changelog: suffixed("-table"), decode: decimal, lang: "go"},
 		{name: "kstreams-1t", peer: "kstreams", bin: "kstreams-peer", env: []string{"BENCH_THREADS=1"}, workloads: stateful,

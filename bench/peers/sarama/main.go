@@ -3,7 +3,10 @@
 // async producer, the ceiling of what any Sarama-based framework can reach.
 // It tracks no deliveries: an offset is marked once its output is handed to
 // the producer (acks=all), so a crash may lose records. Configured by the
-// BENCH_* environment the harness sets.
+// BENCH_* environment the harness sets; BENCH_SARAMA_SAFE=1 gives its
+// producer Runnel's settings (idempotent, one request in flight, successes
+// returned: the harness's sarama-safe system), BENCH_CPUPROFILE writes a
+// pprof CPU profile of the run.
 //
 // Workloads (BENCH_WORKLOAD):
 //   - stateless: BENCH_INPUT to BENCH_OUTPUT with the value upper-cased, on
@@ -19,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,6 +69,14 @@ func run() error {
 	cfg.Producer.Return.Successes = false
 	cfg.Producer.Flush.Frequency = 2 * time.Millisecond
 	cfg.Producer.Flush.Bytes = 256 << 10
+	if os.Getenv("BENCH_SARAMA_SAFE") != "" {
+		// Runnel's producer settings (internal/kafka.NewConfig): idempotent,
+		// one request in flight, every success returned.
+		cfg.Producer.Idempotent = true
+		cfg.Net.MaxOpenRequests = 1
+		cfg.Producer.Return.Successes = true
+		cfg.Producer.Retry.Max = 10
+	}
 	brokers := strings.Split(env("BENCH_BROKERS", "localhost:9092"), ",")
 
 	producer, err := sarama.NewAsyncProducer(brokers, cfg)
@@ -74,6 +86,23 @@ func run() error {
 	group, err := sarama.NewConsumerGroup(brokers, env("BENCH_ID", "bench"), cfg)
 	if err != nil {
 		return fmt.Errorf("consumer group: %w", err)
+	}
+	if cfg.Producer.Return.Successes {
+		go func() {
+			for range producer.Successes() {
+			}
+		}()
+	}
+	if path := os.Getenv("BENCH_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
