@@ -39,8 +39,12 @@ type Config struct {
 	DataDir string
 	// CommitInterval is how often resolved offsets are committed, and how
 	// often each task runs a commit cycle (its table writes go to the
-	// changelog and the store; docs/tables.md); default 2.8 s (Faust's
-	// default; Kafka Streams uses 30 s under at-least-once). Offsets are also
+	// changelog and the store; docs/tables.md). Zero (the default) takes
+	// the guarantee's default: 2.8 s under AtLeastOnce
+	// (DefaultCommitInterval; Faust's default, Kafka Streams uses 30 s) and
+	// 100 ms under ExactlyOnce (DefaultExactlyOnceCommitInterval; Kafka
+	// Streams' default for exactly_once_v2), where a record's effects are
+	// visible only when the cycle's transaction commits. Offsets are also
 	// committed on every revoke and on shutdown.
 	CommitInterval time.Duration
 	// AcceptableRecoveryLag, MaxWarmupReplicas and ProbingRebalanceInterval
@@ -137,10 +141,19 @@ const (
 	DefaultBroker = "localhost:9092"
 	// DefaultDataDir is the default Config.DataDir.
 	DefaultDataDir = "./var"
-	// DefaultCommitInterval is the default Config.CommitInterval (Faust's
-	// broker_commit_every; Kafka Streams' commit.interval.ms is 30 s under
-	// at-least-once).
+	// DefaultCommitInterval is the default Config.CommitInterval under
+	// AtLeastOnce (Faust's broker_commit_every; Kafka Streams'
+	// commit.interval.ms is 30 s under at-least-once).
 	DefaultCommitInterval = 2800 * time.Millisecond
+	// DefaultExactlyOnceCommitInterval is the default Config.CommitInterval
+	// under ExactlyOnce: Kafka Streams' commit.interval.ms under
+	// exactly_once_v2 (StreamsConfig's EOS_DEFAULT_COMMIT_INTERVAL_MS). A
+	// read_committed reader sees a record's effects only when its cycle's
+	// transaction commits, so the interval is latency, and the last records
+	// of a burst wait for it; each cycle costs one transaction
+	// (AddOffsetsToTxn, TxnOffsetCommit, EndTxn and the next
+	// AddPartitionsToTxn). docs/semantics.md has the measurements.
+	DefaultExactlyOnceCommitInterval = 100 * time.Millisecond
 	// DefaultReplicas is the default Config.Replicas (Kafka Streams'
 	// num.standby.replicas is 0).
 	DefaultReplicas = 1
@@ -167,14 +180,13 @@ const (
 // Fields left zero take the defaults their docs give where they are used.
 func defaultConfig() Config {
 	return Config{
-		Brokers:        []string{DefaultBroker},
-		DataDir:        DefaultDataDir,
-		Guarantee:      AtLeastOnce,
-		CommitInterval: DefaultCommitInterval,
-		Replicas:       DefaultReplicas,
-		AckTimeout:     DefaultAckTimeout,
-		Heartbeat:      DefaultHeartbeat,
-		FetchMaxWait:   DefaultFetchMaxWait,
+		Brokers:      []string{DefaultBroker},
+		DataDir:      DefaultDataDir,
+		Guarantee:    AtLeastOnce,
+		Replicas:     DefaultReplicas,
+		AckTimeout:   DefaultAckTimeout,
+		Heartbeat:    DefaultHeartbeat,
+		FetchMaxWait: DefaultFetchMaxWait,
 	}
 }
 
@@ -191,9 +203,10 @@ func WithBrokers(addrs ...string) Option { return func(c *Config) { c.Brokers = 
 func WithDataDir(dir string) Option { return func(c *Config) { c.DataDir = dir } }
 
 // WithCommitInterval sets how often offsets are committed and each task runs
-// a commit cycle; default 2.8 s, must be positive. Kafka Streams'
-// commit.interval.ms (30 s under at-least-once, 100 ms under exactly-once);
-// Faust's broker_commit_every.
+// a commit cycle; must not be negative. Default 0: the guarantee's default,
+// 2.8 s under AtLeastOnce and 100 ms under ExactlyOnce
+// (Config.CommitInterval). Kafka Streams' commit.interval.ms (30 s under
+// at-least-once, 100 ms under exactly-once); Faust's broker_commit_every.
 func WithCommitInterval(d time.Duration) Option { return func(c *Config) { c.CommitInterval = d } }
 
 // WithWarmups sets KIP-441's acceptable.recovery.lag (changelog offsets;
@@ -654,11 +667,11 @@ var settings = []setting{
 		secret: true,
 		field:  stringField(func(c *Config) *string { return &c.SASL.Password })},
 	{name: "CommitInterval", option: "WithCommitInterval", env: "RUNNEL_COMMIT_INTERVAL", flag: "commit-interval", worker: true,
-		def: "2.8s", unit: "duration",
-		source: "Kafka Streams commit.interval.ms (30 s there); Faust broker_commit_every",
-		usage:  "how often offsets are committed and each task runs a commit cycle",
+		def: "0 (2.8s at-least-once, 100ms exactly-once)", unit: "duration",
+		source: "Kafka Streams commit.interval.ms (30 s there at-least-once, 100 ms exactly_once_v2); Faust broker_commit_every",
+		usage:  "how often offsets are committed and each task runs a commit cycle (0: 2.8s at-least-once, 100ms exactly-once)",
 		field:  durationField(func(c *Config) *time.Duration { return &c.CommitInterval }),
-		check:  positiveDuration(func(c *Config) time.Duration { return c.CommitInterval })},
+		check:  nonNegativeDuration(func(c *Config) time.Duration { return c.CommitInterval })},
 	{name: "IdleCommit", option: "WithIdleCommit", env: "RUNNEL_IDLE_COMMIT", flag: "idle-commit", worker: true,
 		def: "0 (a tenth of the commit interval, 20 to 200 ms)", unit: "duration; negative: off",
 		usage: "a task idle this long after handing out records runs its cycle at once (0: a tenth of --commit-interval within 20-200ms; negative: off)",
@@ -808,6 +821,19 @@ var settings = []setting{
 	{name: "dev input", option: "WithDevInput",
 		def: "none", unit: "topic and key field",
 		usage: "where dev --input and send load a JSONL file (their --topic and --key-field override it)"},
+}
+
+// commitInterval is the commit interval in effect: CommitInterval, or when
+// it is 0 the guarantee's default (DefaultCommitInterval,
+// DefaultExactlyOnceCommitInterval).
+func (c *Config) commitInterval() time.Duration {
+	switch {
+	case c.CommitInterval > 0:
+		return c.CommitInterval
+	case c.Guarantee == ExactlyOnce:
+		return DefaultExactlyOnceCommitInterval
+	}
+	return DefaultCommitInterval
 }
 
 func cmp0(d, def time.Duration) time.Duration {
