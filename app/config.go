@@ -42,10 +42,9 @@ type Config struct {
 	// changelog and the store; docs/tables.md). Zero (the default) takes
 	// the guarantee's default: 2.8 s under AtLeastOnce
 	// (DefaultCommitInterval; Faust's default, Kafka Streams uses 30 s) and
-	// 100 ms under ExactlyOnce (DefaultExactlyOnceCommitInterval; Kafka
-	// Streams' default for exactly_once_v2), where a record's effects are
-	// visible only when the cycle's transaction commits. Offsets are also
-	// committed on every revoke and on shutdown.
+	// 500 ms under ExactlyOnce (DefaultExactlyOnceCommitInterval), where a
+	// record's effects are visible only when the cycle's transaction
+	// commits. Offsets are also committed on every revoke and on shutdown.
 	CommitInterval time.Duration
 	// AcceptableRecoveryLag, MaxWarmupReplicas and ProbingRebalanceInterval
 	// are KIP-441's acceptable.recovery.lag (offsets; default 10 000),
@@ -146,14 +145,18 @@ const (
 	// commit.interval.ms is 30 s under at-least-once).
 	DefaultCommitInterval = 2800 * time.Millisecond
 	// DefaultExactlyOnceCommitInterval is the default Config.CommitInterval
-	// under ExactlyOnce: Kafka Streams' commit.interval.ms under
-	// exactly_once_v2 (StreamsConfig's EOS_DEFAULT_COMMIT_INTERVAL_MS). A
-	// read_committed reader sees a record's effects only when its cycle's
-	// transaction commits, so the interval is latency, and the last records
-	// of a burst wait for it; each cycle costs one transaction
-	// (AddOffsetsToTxn, TxnOffsetCommit, EndTxn and the next
-	// AddPartitionsToTxn). docs/semantics.md has the measurements.
-	DefaultExactlyOnceCommitInterval = 100 * time.Millisecond
+	// under ExactlyOnce. A read_committed reader sees a record's effects
+	// only when its cycle's transaction commits, so the interval is latency
+	// (the last records of a burst wait up to one interval), and each cycle
+	// stops the worker's sources while it drains, flushes and commits one
+	// transaction (AddOffsetsToTxn, TxnOffsetCommit, EndTxn, then the next
+	// AddPartitionsToTxn): tens of milliseconds on a loaded machine. Kafka
+	// Streams uses 100 ms under exactly_once_v2 (StreamsConfig's
+	// EOS_DEFAULT_COMMIT_INTERVAL_MS); measured side by side, 100 ms and
+	// 200 ms cost Runnel up to several times the CPU and time of
+	// at-least-once on a stateful app, 500 ms about the same
+	// (docs/semantics.md).
+	DefaultExactlyOnceCommitInterval = 500 * time.Millisecond
 	// DefaultReplicas is the default Config.Replicas (Kafka Streams'
 	// num.standby.replicas is 0).
 	DefaultReplicas = 1
@@ -204,7 +207,7 @@ func WithDataDir(dir string) Option { return func(c *Config) { c.DataDir = dir }
 
 // WithCommitInterval sets how often offsets are committed and each task runs
 // a commit cycle; must not be negative. Default 0: the guarantee's default,
-// 2.8 s under AtLeastOnce and 100 ms under ExactlyOnce
+// 2.8 s under AtLeastOnce and 500 ms under ExactlyOnce
 // (Config.CommitInterval). Kafka Streams' commit.interval.ms (30 s under
 // at-least-once, 100 ms under exactly-once); Faust's broker_commit_every.
 func WithCommitInterval(d time.Duration) Option { return func(c *Config) { c.CommitInterval = d } }
@@ -667,9 +670,9 @@ var settings = []setting{
 		secret: true,
 		field:  stringField(func(c *Config) *string { return &c.SASL.Password })},
 	{name: "CommitInterval", option: "WithCommitInterval", env: "RUNNEL_COMMIT_INTERVAL", flag: "commit-interval", worker: true,
-		def: "0 (2.8s at-least-once, 100ms exactly-once)", unit: "duration",
+		def: "0 (2.8s at-least-once, 500ms exactly-once)", unit: "duration",
 		source: "Kafka Streams commit.interval.ms (30 s there at-least-once, 100 ms exactly_once_v2); Faust broker_commit_every",
-		usage:  "how often offsets are committed and each task runs a commit cycle (0: 2.8s at-least-once, 100ms exactly-once)",
+		usage:  "how often offsets are committed and each task runs a commit cycle (0: 2.8s at-least-once, 500ms exactly-once)",
 		field:  durationField(func(c *Config) *time.Duration { return &c.CommitInterval }),
 		check:  nonNegativeDuration(func(c *Config) time.Duration { return c.CommitInterval })},
 	{name: "IdleCommit", option: "WithIdleCommit", env: "RUNNEL_IDLE_COMMIT", flag: "idle-commit", worker: true,

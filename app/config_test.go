@@ -168,8 +168,8 @@ func TestSASLPasswordNeverShown(t *testing.T) {
 	}
 }
 
-// The commit interval left unset (0) is the guarantee's default: 100 ms under
-// exactly-once (Kafka Streams' exactly_once_v2 default), 2.8 s under
+// The commit interval left unset (0) is the guarantee's default: 500 ms under
+// exactly-once, 2.8 s under
 // at-least-once; one set by an option, the environment or a flag is kept
 // under either guarantee.
 func TestCommitIntervalDefaultByGuarantee(t *testing.T) {
@@ -181,11 +181,11 @@ func TestCommitIntervalDefaultByGuarantee(t *testing.T) {
 		want time.Duration
 	}{
 		{name: "at-least-once", want: 2800 * time.Millisecond},
-		{name: "exactly-once option", opts: []Option{WithGuarantee(ExactlyOnce)}, want: 100 * time.Millisecond},
-		{name: "exactly-once env", env: map[string]string{"RUNNEL_GUARANTEE": "exactly_once"}, want: 100 * time.Millisecond},
-		{name: "exactly-once flag", args: []string{"--guarantee", "exactly_once"}, want: 100 * time.Millisecond},
+		{name: "exactly-once option", opts: []Option{WithGuarantee(ExactlyOnce)}, want: 500 * time.Millisecond},
+		{name: "exactly-once env", env: map[string]string{"RUNNEL_GUARANTEE": "exactly_once"}, want: 500 * time.Millisecond},
+		{name: "exactly-once flag", args: []string{"--guarantee", "exactly_once"}, want: 500 * time.Millisecond},
 		{name: "exactly-once, interval set", opts: []Option{WithGuarantee(ExactlyOnce), WithCommitInterval(time.Second)}, want: time.Second},
-		{name: "exactly-once, interval by env", opts: []Option{WithGuarantee(ExactlyOnce)}, env: map[string]string{"RUNNEL_COMMIT_INTERVAL": "250ms"}, want: 250 * time.Millisecond},
+		{name: "exactly-once, interval by env", opts: []Option{WithGuarantee(ExactlyOnce)}, env: map[string]string{"RUNNEL_COMMIT_INTERVAL": "100ms"}, want: 100 * time.Millisecond},
 		{name: "exactly-once, interval by flag", args: []string{"--guarantee", "exactly_once", "--commit-interval", "3s"}, want: 3 * time.Second},
 		{name: "at-least-once, interval set", opts: []Option{WithCommitInterval(500 * time.Millisecond)}, want: 500 * time.Millisecond},
 	}
