@@ -40,11 +40,10 @@ type Config struct {
 	// CommitInterval is how often resolved offsets are committed, and how
 	// often each task runs a commit cycle (its table writes go to the
 	// changelog and the store; docs/tables.md). Zero (the default) takes
-	// the guarantee's default: 2.8 s under AtLeastOnce
-	// (DefaultCommitInterval; Faust's default, Kafka Streams uses 30 s) and
-	// 500 ms under ExactlyOnce (DefaultExactlyOnceCommitInterval), where a
-	// record's effects are visible only when the cycle's transaction
-	// commits. Offsets are also committed on every revoke and on shutdown.
+	// the guarantee's default: DefaultCommitInterval under AtLeastOnce,
+	// DefaultExactlyOnceCommitInterval under ExactlyOnce (both 2.8 s, as
+	// measured; docs/semantics.md). Offsets are also committed on every
+	// revoke and on shutdown.
 	CommitInterval time.Duration
 	// AcceptableRecoveryLag, MaxWarmupReplicas and ProbingRebalanceInterval
 	// are KIP-441's acceptable.recovery.lag (offsets; default 10 000),
@@ -145,18 +144,20 @@ const (
 	// commit.interval.ms is 30 s under at-least-once).
 	DefaultCommitInterval = 2800 * time.Millisecond
 	// DefaultExactlyOnceCommitInterval is the default Config.CommitInterval
-	// under ExactlyOnce. A read_committed reader sees a record's effects
-	// only when its cycle's transaction commits, so the interval is latency
-	// (the last records of a burst wait up to one interval), and each cycle
-	// stops the worker's sources while it drains, flushes and commits one
-	// transaction (AddOffsetsToTxn, TxnOffsetCommit, EndTxn, then the next
-	// AddPartitionsToTxn): tens of milliseconds on a loaded machine. Kafka
-	// Streams uses 100 ms under exactly_once_v2 (StreamsConfig's
-	// EOS_DEFAULT_COMMIT_INTERVAL_MS); measured side by side, 100 ms and
-	// 200 ms cost Runnel up to several times the CPU and time of
-	// at-least-once on a stateful app, 500 ms about the same
-	// (docs/semantics.md).
-	DefaultExactlyOnceCommitInterval = 500 * time.Millisecond
+	// under ExactlyOnce: 2.8 s, as under AtLeastOnce, on measurements. A
+	// read_committed reader sees a record's effects only when its cycle's
+	// transaction commits, so the interval is latency (the last records of
+	// a burst wait up to one interval); but each cycle stops the worker's
+	// sources while it drains the records in flight, flushes the changelog
+	// and commits one transaction (AddOffsetsToTxn, TxnOffsetCommit, EndTxn,
+	// then the next AddPartitionsToTxn), tens to hundreds of milliseconds on
+	// a loaded machine. Kafka Streams uses 100 ms under exactly_once_v2
+	// (StreamsConfig's EOS_DEFAULT_COMMIT_INTERVAL_MS); measured side by side
+	// on kfake and Kafka 4.4, 100, 200 and 500 ms cost Runnel's stateful app
+	// 1.4 to 10 times at-least-once's time, 2.8 s about the same
+	// (docs/semantics.md). Lower it once a cycle no longer stops the sources
+	// for its commit.
+	DefaultExactlyOnceCommitInterval = DefaultCommitInterval
 	// DefaultReplicas is the default Config.Replicas (Kafka Streams'
 	// num.standby.replicas is 0).
 	DefaultReplicas = 1
@@ -207,8 +208,8 @@ func WithDataDir(dir string) Option { return func(c *Config) { c.DataDir = dir }
 
 // WithCommitInterval sets how often offsets are committed and each task runs
 // a commit cycle; must not be negative. Default 0: the guarantee's default,
-// 2.8 s under AtLeastOnce and 500 ms under ExactlyOnce
-// (Config.CommitInterval). Kafka Streams' commit.interval.ms (30 s under
+// 2.8 s under both guarantees for now (DefaultCommitInterval,
+// DefaultExactlyOnceCommitInterval). Kafka Streams' commit.interval.ms (30 s under
 // at-least-once, 100 ms under exactly-once); Faust's broker_commit_every.
 func WithCommitInterval(d time.Duration) Option { return func(c *Config) { c.CommitInterval = d } }
 
@@ -670,9 +671,9 @@ var settings = []setting{
 		secret: true,
 		field:  stringField(func(c *Config) *string { return &c.SASL.Password })},
 	{name: "CommitInterval", option: "WithCommitInterval", env: "RUNNEL_COMMIT_INTERVAL", flag: "commit-interval", worker: true,
-		def: "0 (2.8s at-least-once, 500ms exactly-once)", unit: "duration",
+		def: "0 (the guarantee's default: 2.8s under either)", unit: "duration",
 		source: "Kafka Streams commit.interval.ms (30 s there at-least-once, 100 ms exactly_once_v2); Faust broker_commit_every",
-		usage:  "how often offsets are committed and each task runs a commit cycle (0: 2.8s at-least-once, 500ms exactly-once)",
+		usage:  "how often offsets are committed and each task runs a commit cycle (0: the guarantee's default, 2.8s under either)",
 		field:  durationField(func(c *Config) *time.Duration { return &c.CommitInterval }),
 		check:  nonNegativeDuration(func(c *Config) time.Duration { return c.CommitInterval })},
 	{name: "IdleCommit", option: "WithIdleCommit", env: "RUNNEL_IDLE_COMMIT", flag: "idle-commit", worker: true,

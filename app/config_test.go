@@ -168,8 +168,8 @@ func TestSASLPasswordNeverShown(t *testing.T) {
 	}
 }
 
-// The commit interval left unset (0) is the guarantee's default: 500 ms under
-// exactly-once, 2.8 s under
+// The commit interval left unset (0) is the guarantee's default
+// (DefaultExactlyOnceCommitInterval under exactly-once, 2.8 s under
 // at-least-once; one set by an option, the environment or a flag is kept
 // under either guarantee.
 func TestCommitIntervalDefaultByGuarantee(t *testing.T) {
@@ -181,9 +181,9 @@ func TestCommitIntervalDefaultByGuarantee(t *testing.T) {
 		want time.Duration
 	}{
 		{name: "at-least-once", want: 2800 * time.Millisecond},
-		{name: "exactly-once option", opts: []Option{WithGuarantee(ExactlyOnce)}, want: 500 * time.Millisecond},
-		{name: "exactly-once env", env: map[string]string{"RUNNEL_GUARANTEE": "exactly_once"}, want: 500 * time.Millisecond},
-		{name: "exactly-once flag", args: []string{"--guarantee", "exactly_once"}, want: 500 * time.Millisecond},
+		{name: "exactly-once option", opts: []Option{WithGuarantee(ExactlyOnce)}, want: DefaultExactlyOnceCommitInterval},
+		{name: "exactly-once env", env: map[string]string{"RUNNEL_GUARANTEE": "exactly_once"}, want: DefaultExactlyOnceCommitInterval},
+		{name: "exactly-once flag", args: []string{"--guarantee", "exactly_once"}, want: DefaultExactlyOnceCommitInterval},
 		{name: "exactly-once, interval set", opts: []Option{WithGuarantee(ExactlyOnce), WithCommitInterval(time.Second)}, want: time.Second},
 		{name: "exactly-once, interval by env", opts: []Option{WithGuarantee(ExactlyOnce)}, env: map[string]string{"RUNNEL_COMMIT_INTERVAL": "100ms"}, want: 100 * time.Millisecond},
 		{name: "exactly-once, interval by flag", args: []string{"--guarantee", "exactly_once", "--commit-interval", "3s"}, want: 3 * time.Second},

@@ -93,7 +93,7 @@ func run() error {
 		opts = append(opts, app.WithGroupTimeouts(0, time.Duration(ms)*time.Millisecond, 0, 0))
 	}
 	// BENCH_COMMIT_MS=0 leaves the commit interval to the app's default for
-	// its guarantee (2.8 s at-least-once, 500 ms exactly-once).
+	// its guarantee (2.8 s under either guarantee).
 	if commitMS > 0 {
 		opts = append(opts, app.WithCommitInterval(time.Duration(commitMS)*time.Millisecond))
 	}
