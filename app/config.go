@@ -39,9 +39,11 @@ type Config struct {
 	DataDir string
 	// CommitInterval is how often resolved offsets are committed, and how
 	// often each task runs a commit cycle (its table writes go to the
-	// changelog and the store; docs/tables.md); default 2.8 s (Faust's
-	// default; Kafka Streams uses 30 s under at-least-once). Offsets are also
-	// committed on every revoke and on shutdown.
+	// changelog and the store; docs/tables.md). Zero (the default) takes
+	// the guarantee's default: DefaultCommitInterval under AtLeastOnce,
+	// DefaultExactlyOnceCommitInterval under ExactlyOnce (both 2.8 s, as
+	// measured; docs/semantics.md). Offsets are also committed on every
+	// revoke and on shutdown.
 	CommitInterval time.Duration
 	// AcceptableRecoveryLag, MaxWarmupReplicas and ProbingRebalanceInterval
 	// are KIP-441's acceptable.recovery.lag (offsets; default 10 000),
@@ -137,10 +139,25 @@ const (
 	DefaultBroker = "localhost:9092"
 	// DefaultDataDir is the default Config.DataDir.
 	DefaultDataDir = "./var"
-	// DefaultCommitInterval is the default Config.CommitInterval (Faust's
-	// broker_commit_every; Kafka Streams' commit.interval.ms is 30 s under
-	// at-least-once).
+	// DefaultCommitInterval is the default Config.CommitInterval under
+	// AtLeastOnce (Faust's broker_commit_every; Kafka Streams'
+	// commit.interval.ms is 30 s under at-least-once).
 	DefaultCommitInterval = 2800 * time.Millisecond
+	// DefaultExactlyOnceCommitInterval is the default Config.CommitInterval
+	// under ExactlyOnce: 2.8 s, as under AtLeastOnce, on measurements. A
+	// read_committed reader sees a record's effects only when its cycle's
+	// transaction commits, so the interval is latency (the last records of
+	// a burst wait up to one interval); but each cycle stops the worker's
+	// sources while it drains the records in flight, flushes the changelog
+	// and commits one transaction (AddOffsetsToTxn, TxnOffsetCommit, EndTxn,
+	// then the next AddPartitionsToTxn), tens to hundreds of milliseconds on
+	// a loaded machine. Kafka Streams uses 100 ms under exactly_once_v2
+	// (StreamsConfig's EOS_DEFAULT_COMMIT_INTERVAL_MS); measured side by side
+	// on kfake and Kafka 4.4, 100, 200 and 500 ms cost Runnel's stateful app
+	// 1.4 to 10 times at-least-once's time, 2.8 s about the same
+	// (docs/semantics.md). Lower it once a cycle no longer stops the sources
+	// for its commit.
+	DefaultExactlyOnceCommitInterval = DefaultCommitInterval
 	// DefaultReplicas is the default Config.Replicas (Kafka Streams'
 	// num.standby.replicas is 0).
 	DefaultReplicas = 1
@@ -167,14 +184,13 @@ const (
 // Fields left zero take the defaults their docs give where they are used.
 func defaultConfig() Config {
 	return Config{
-		Brokers:        []string{DefaultBroker},
-		DataDir:        DefaultDataDir,
-		Guarantee:      AtLeastOnce,
-		CommitInterval: DefaultCommitInterval,
-		Replicas:       DefaultReplicas,
-		AckTimeout:     DefaultAckTimeout,
-		Heartbeat:      DefaultHeartbeat,
-		FetchMaxWait:   DefaultFetchMaxWait,
+		Brokers:      []string{DefaultBroker},
+		DataDir:      DefaultDataDir,
+		Guarantee:    AtLeastOnce,
+		Replicas:     DefaultReplicas,
+		AckTimeout:   DefaultAckTimeout,
+		Heartbeat:    DefaultHeartbeat,
+		FetchMaxWait: DefaultFetchMaxWait,
 	}
 }
 
@@ -191,9 +207,10 @@ func WithBrokers(addrs ...string) Option { return func(c *Config) { c.Brokers = 
 func WithDataDir(dir string) Option { return func(c *Config) { c.DataDir = dir } }
 
 // WithCommitInterval sets how often offsets are committed and each task runs
-// a commit cycle; default 2.8 s, must be positive. Kafka Streams'
-// commit.interval.ms (30 s under at-least-once, 100 ms under exactly-once);
-// Faust's broker_commit_every.
+// a commit cycle; must not be negative. Default 0: the guarantee's default,
+// 2.8 s under both guarantees for now (DefaultCommitInterval,
+// DefaultExactlyOnceCommitInterval). Kafka Streams' commit.interval.ms (30 s under
+// at-least-once, 100 ms under exactly-once); Faust's broker_commit_every.
 func WithCommitInterval(d time.Duration) Option { return func(c *Config) { c.CommitInterval = d } }
 
 // WithWarmups sets KIP-441's acceptable.recovery.lag (changelog offsets;
@@ -654,11 +671,11 @@ var settings = []setting{
 		secret: true,
 		field:  stringField(func(c *Config) *string { return &c.SASL.Password })},
 	{name: "CommitInterval", option: "WithCommitInterval", env: "RUNNEL_COMMIT_INTERVAL", flag: "commit-interval", worker: true,
-		def: "2.8s", unit: "duration",
-		source: "Kafka Streams commit.interval.ms (30 s there); Faust broker_commit_every",
-		usage:  "how often offsets are committed and each task runs a commit cycle",
+		def: "0 (the guarantee's default: 2.8s under either)", unit: "duration",
+		source: "Kafka Streams commit.interval.ms (30 s there at-least-once, 100 ms exactly_once_v2); Faust broker_commit_every",
+		usage:  "how often offsets are committed and each task runs a commit cycle (0: the guarantee's default, 2.8s under either)",
 		field:  durationField(func(c *Config) *time.Duration { return &c.CommitInterval }),
-		check:  positiveDuration(func(c *Config) time.Duration { return c.CommitInterval })},
+		check:  nonNegativeDuration(func(c *Config) time.Duration { return c.CommitInterval })},
 	{name: "IdleCommit", option: "WithIdleCommit", env: "RUNNEL_IDLE_COMMIT", flag: "idle-commit", worker: true,
 		def: "0 (a tenth of the commit interval, 20 to 200 ms)", unit: "duration; negative: off",
 		usage: "a task idle this long after handing out records runs its cycle at once (0: a tenth of --commit-interval within 20-200ms; negative: off)",
@@ -808,6 +825,19 @@ var settings = []setting{
 	{name: "dev input", option: "WithDevInput",
 		def: "none", unit: "topic and key field",
 		usage: "where dev --input and send load a JSONL file (their --topic and --key-field override it)"},
+}
+
+// commitInterval is the commit interval in effect: CommitInterval, or when
+// it is 0 the guarantee's default (DefaultCommitInterval,
+// DefaultExactlyOnceCommitInterval).
+func (c *Config) commitInterval() time.Duration {
+	switch {
+	case c.CommitInterval > 0:
+		return c.CommitInterval
+	case c.Guarantee == ExactlyOnce:
+		return DefaultExactlyOnceCommitInterval
+	}
+	return DefaultCommitInterval
 }
 
 func cmp0(d, def time.Duration) time.Duration {

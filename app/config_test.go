@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 )
 
 // The default each setting documents is the value defaultConfig gives it.
@@ -104,7 +106,7 @@ func TestConfigValidate(t *testing.T) {
 		env  map[string]string
 		want []string
 	}{
-		{opts: []Option{WithCommitInterval(0)}, want: []string{"WithCommitInterval", "--commit-interval", "must be positive"}},
+		{opts: []Option{WithCommitInterval(-time.Second)}, want: []string{"WithCommitInterval", "--commit-interval", "must be 0 or more"}},
 		{opts: []Option{WithAckTimeout(-time.Second)}, want: []string{"WithAckTimeout", "RUNNEL_ACK_TIMEOUT", "must be positive"}},
 		{opts: []Option{WithSASL("GSSAPI", "u", "p")}, want: []string{"WithSASL", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"}},
 		{opts: []Option{WithSASL("SCRAM-SHA-256", "u", "")}, want: []string{"SASL SCRAM-SHA-256 needs a user and a password"}},
@@ -163,5 +165,50 @@ func TestSASLPasswordNeverShown(t *testing.T) {
 	cmd := a.Command()
 	if f := cmd.PersistentFlags().Lookup("sasl-password"); f == nil || f.DefValue != "" {
 		t.Fatalf("--sasl-password default shown: %+v", f)
+	}
+}
+
+// The commit interval left unset (0) is the guarantee's default
+// (DefaultExactlyOnceCommitInterval under exactly-once, 2.8 s under
+// at-least-once; one set by an option, the environment or a flag is kept
+// under either guarantee.
+func TestCommitIntervalDefaultByGuarantee(t *testing.T) {
+	cases := []struct {
+		name string
+		opts []Option
+		env  map[string]string
+		args []string
+		want time.Duration
+	}{
+		{name: "at-least-once", want: 2800 * time.Millisecond},
+		{name: "exactly-once option", opts: []Option{WithGuarantee(ExactlyOnce)}, want: DefaultExactlyOnceCommitInterval},
+		{name: "exactly-once env", env: map[string]string{"RUNNEL_GUARANTEE": "exactly_once"}, want: DefaultExactlyOnceCommitInterval},
+		{name: "exactly-once flag", args: []string{"--guarantee", "exactly_once"}, want: DefaultExactlyOnceCommitInterval},
+		{name: "exactly-once, interval set", opts: []Option{WithGuarantee(ExactlyOnce), WithCommitInterval(time.Second)}, want: time.Second},
+		{name: "exactly-once, interval by env", opts: []Option{WithGuarantee(ExactlyOnce)}, env: map[string]string{"RUNNEL_COMMIT_INTERVAL": "100ms"}, want: 100 * time.Millisecond},
+		{name: "exactly-once, interval by flag", args: []string{"--guarantee", "exactly_once", "--commit-interval", "3s"}, want: 3 * time.Second},
+		{name: "at-least-once, interval set", opts: []Option{WithCommitInterval(500 * time.Millisecond)}, want: 500 * time.Millisecond},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for k, v := range c.env {
+				t.Setenv(k, v)
+			}
+			a := New("interval", append([]Option{WithLogger(quietLogger()), WithDataDir(t.TempDir())}, c.opts...)...)
+			if len(c.args) > 0 {
+				fs := pflag.NewFlagSet("worker", pflag.ContinueOnError)
+				a.addSettingFlags(fs, fs)
+				if err := fs.Parse(c.args); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w, err := a.NewWorker(WorkerOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w.cfg.CommitInterval != c.want {
+				t.Fatalf("commit interval %v, want %v (guarantee %s)", w.cfg.CommitInterval, c.want, w.cfg.Guarantee)
+			}
+		})
 	}
 }

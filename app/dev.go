@@ -99,7 +99,7 @@ func (a *App) Dev(ctx context.Context, o DevOptions) error {
 		a.cfg.Session, a.cfg.Heartbeat, a.cfg.Rebalance, a.cfg.FetchMaxWait =
 			kafka.TestTimeouts.Session, kafka.TestTimeouts.Heartbeat, kafka.TestTimeouts.Rebalance, kafka.TestTimeouts.MaxWait
 	}
-	a.cfg.CommitInterval = min(a.cfg.CommitInterval, 300*time.Millisecond)
+	a.cfg.CommitInterval = min(a.cfg.commitInterval(), 300*time.Millisecond)
 	a.cfg.clearSecurity() // the embedded broker speaks neither TLS nor SASL
 	res, err := a.Process(ctx, broker.Addrs(), o)
 	if err != nil {

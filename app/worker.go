@@ -116,6 +116,7 @@ func (a *App) NewWorker(o WorkerOptions) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("app %s: %w", a.id, err)
 	}
+	cfg.CommitInterval = cfg.commitInterval() // 0: the guarantee's default
 	w := &Worker{app: a, cfg: cfg, opts: o, graph: g, sec: sec}
 	w.tasks.w = w
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
