@@ -105,12 +105,6 @@ type claimFeed struct {
 	claim   sarama.ConsumerGroupClaim
 	revoked chan struct{} // closed when the claim's channel closed
 
-	// pause stops the claim's own fetching once it was released (set by
-	// partition.run before the first producer; nil: none). The claim's
-	// records would only be discarded: fetched and decoded for nothing, a
-	// whole partition's worth over a claim's life after one redelivery.
-	pause func()
-
 	mu       sync.Mutex
 	taken    bool
 	released bool
@@ -149,9 +143,6 @@ func (f *claimFeed) release() {
 	}
 	f.released = true
 	f.mu.Unlock()
-	if f.pause != nil {
-		f.pause()
-	}
 	go func() {
 		for range f.claim.Messages() {
 		}
@@ -200,12 +191,6 @@ type agentResult struct {
 // failure ends the member's session, as an abandoned task does.
 func (pt *partition) run(ctx context.Context) error {
 	w := pt.w
-	if g := w.group; g != nil {
-		// Sarama pauses the claim's partition consumer (it keeps its
-		// position and stops fetching) until the claim ends; the producer's
-		// own PartitionConsumer reads the partition.
-		pt.feed.pause = func() { g.Pause(map[string][]int32{pt.topic: {pt.p}}) }
-	}
 	from := int64(-1)    // -1: read the claim
 	retryAt := int64(-1) // the failed record the next incarnation holds at (-1: none)
 	for {

@@ -51,10 +51,6 @@ type Worker struct {
 	procID string
 	sec    kafka.Security // TLS and SASL of every client the worker opens (Config.security)
 
-	// group is the worker's consumer group, set in Run before the first
-	// session: a redelivery pauses a claim it no longer reads (redeliver.go).
-	group sarama.ConsumerGroup
-
 	client   sarama.Client // the group consumer's (fetch long-polls)
 	meta     sarama.Client // offset lookups, committed offsets: never behind a fetch
 	producer *kafka.Producer
@@ -502,7 +498,6 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("join group %s: %w", w.app.id, err)
 	}
-	w.group = group
 	closers = append(closers, func() error {
 		err := group.Close() // LeaveGroup: the coordinator rebalances the others at once
 		w.log.Info("worker left group", "group", w.app.id, "err", err)
