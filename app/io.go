@@ -34,6 +34,11 @@ func ReadTable(ctx context.Context, client sarama.Client, d table.Def) (map[stri
 	// in flight, once per partition read.
 	cfg := *client.Config()
 	cfg.Consumer.MaxWaitTime = 20 * time.Millisecond
+	// The restore resumes at the new log start when compaction moved it past
+	// the read position (kfake compacts the head of a partition), but only
+	// if the partition consumer returns the OffsetOutOfRange error: without
+	// Return.Errors it closes silently ("partition consumer closed").
+	cfg.Consumer.Return.Errors = true
 	fc, err := sarama.NewClient(addrs, &cfg)
 	if err != nil {
 		return nil, fmt.Errorf("table %s: %w", d.Name(), err)

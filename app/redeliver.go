@@ -191,9 +191,11 @@ type agentResult struct {
 // failure ends the member's session, as an abandoned task does.
 func (pt *partition) run(ctx context.Context) error {
 	w := pt.w
-	from := int64(-1) // -1: read the claim
+	from := int64(-1)    // -1: read the claim
+	retryAt := int64(-1) // the failed record the next incarnation holds at (-1: none)
 	for {
 		prod := newClaimProducer(pt, from)
+		prod.retryAt = retryAt
 		if pt.task != nil {
 			prod.capped = true
 			pt.task.t.Add(prod)
@@ -217,7 +219,8 @@ func (pt *partition) run(ctx context.Context) error {
 		}
 		shared = shared || w.txn != nil
 		from = prod.resumeOffset()
-		n := max(pt.attemptsOf(prod.failedOffset()), 1)
+		failed := prod.failedOffset()
+		n := max(pt.attemptsOf(failed), 1)
 		d := pt.retry.delay(n)
 		if shared {
 			w.log.Warn("partition failed; its task has other sources, was abandoned or is in the worker's transaction, so the session restarts and the partition resumes from its committed offset",
@@ -228,8 +231,14 @@ func (pt *partition) run(ctx context.Context) error {
 			}
 			return fmt.Errorf("%s: %w", pt.key, err)
 		}
+		// The next incarnation reads from the last commit point (from), cycles
+		// the records before the failed one, and hands the failed record out
+		// alone (claimProducer.retryAt): a further failure of it then
+		// reprocesses that one record, not a commit interval.
+		retryAt = failed
 		w.log.Warn("partition failed; redelivering from the last commit point",
-			"topic", pt.topic, "partition", pt.p, "offset", from, "attempt", n, "in", d, "err", err)
+			"topic", pt.topic, "partition", pt.p, "offset", failed, "from", from, "reprocess", max(failed-from, 0)+1,
+			"attempt", n, "in", d, "err", err)
 		w.metrics.restarts.WithLabelValues(pt.topic).Inc()
 		if pt.task != nil {
 			w.tasks.set(pt.task, TaskRestarting)
@@ -585,6 +594,12 @@ type claimProducer struct {
 	// it (tests wait for it).
 	pausedAt int64 // guarded by mu
 	parked   bool  // guarded by mu
+
+	// retryAt is the offset of the record whose failure ended the previous
+	// incarnation, -1 none: the poll loop cycles the records before it,
+	// hands it out alone and the records after it once it resolved
+	// (emitBatch). Set before Open; then owned by the poll goroutine.
+	retryAt int64
 }
 
 func newClaimProducer(pt *partition, from int64) *claimProducer {
@@ -594,7 +609,7 @@ func newClaimProducer(pt *partition, from int64) *claimProducer {
 	}
 	c := &claimProducer{pt: pt, from: from, ready: make(chan struct{}), stop: make(chan struct{}),
 		rewindCh: make(chan struct{}, 1), wm: source.NewWatermark(start), epoch: &epoch{}, rewind: -1, marked: -1,
-		flushed: start, nextFetch: start}
+		flushed: start, nextFetch: start, retryAt: -1}
 	c.cond = sync.NewCond(&c.mu)
 	return c
 }
@@ -749,20 +764,161 @@ func (c *claimProducer) OpenBatch(ctx context.Context, emit func([]source.Emit) 
 					break drain
 				}
 			}
-			// ExactlyOnce: a batch is handed out only inside an open
-			// transaction and never while a cycle runs (txnCycles); one
-			// hold of the gate covers the registration of the whole batch.
-			release, ok := pt.w.txn.handOut(ctx, c.stop)
-			if !ok {
-				clear(msgBatch)
-				continue // stopping: the batch is left to the next reader
-			}
-			err := c.emitFetched(msgBatch, batch, release, emit)
+			err := c.emitBatch(ctx, msgBatch, batch, emit)
 			clear(msgBatch)
 			if err != nil {
 				return err
 			}
 		}
+	}
+}
+
+// emitBatch hands fetched messages out (batch is scratch space). Without a
+// failed record to hold at (retryAt < 0) that is one emitFetched. With one,
+// the messages before it go out as usual; at the failed record the task
+// first runs a commit cycle whose commit point is the failed record
+// (cycleBefore), then the failed record goes out alone, and the messages
+// after it only once it resolved (awaitHeld): succeeded, or dead-lettered
+// after its last retry. So the caches hold nothing but the failed record's
+// effects when it fails again, and the next incarnation reverts to the cycle
+// at it and reads that one record again. When fetching stops (or a seek back
+// starts) meanwhile, the rest of msgs is left to the next reader, as
+// emitFetched leaves a batch.
+func (c *claimProducer) emitBatch(ctx context.Context, msgs []*sarama.ConsumerMessage, batch []source.Emit, emit func([]source.Emit) error) error {
+	for len(msgs) > 0 {
+		seg, hold := msgs, false
+		if c.retryAt >= 0 {
+			i := 0
+			for i < len(msgs) && msgs[i].Offset < c.retryAt {
+				i++
+			}
+			if i == 0 {
+				// The failed record (or, if it is gone, the first record
+				// after its offset).
+				if !c.cycleBefore(ctx) {
+					return nil
+				}
+				seg, hold = msgs[:1], true
+			} else {
+				seg = msgs[:i]
+			}
+		}
+		// ExactlyOnce: a batch is handed out only inside an open
+		// transaction and never while a cycle runs (txnCycles); one hold
+		// of the gate covers the registration of the whole batch.
+		release, ok := c.pt.w.txn.handOut(ctx, c.stop)
+		if !ok {
+			return nil // stopping: the batch is left to the next reader
+		}
+		if err := c.emitFetched(seg, batch, release, emit); err != nil {
+			return err
+		}
+		msgs = msgs[len(seg):]
+		if hold {
+			if !c.awaitHeld(ctx, seg[0].Offset) {
+				return nil
+			}
+			c.retryAt = -1
+		}
+	}
+	return nil
+}
+
+// cycleBefore runs a commit cycle of the task up to the failed record, the
+// next message to hand out: every record before it was handed out, so the
+// cycle's commit point (Pause: the offset after the last record handed out)
+// is the failed record's offset, and the task's last cycle after it holds
+// the effects of exactly the records before the failed one. The task's cycle
+// loop runs the cycle (taskSet.wake); it is asked up to three times, each
+// waited for up to the cut budget (a cycle that cannot cut is postponed).
+// If none completes, the failed record is handed out anyway: correct, only a
+// further failure reprocesses from the older commit point. False: fetching
+// stopped (or a seek back started) while it waited.
+//
+// Without tables there is no cycle to wait for (offsets are marked as
+// records resolve); under ExactlyOnce a failure restarts the worker's
+// session and this path is never taken (run).
+func (c *claimProducer) cycleBefore(ctx context.Context) bool {
+	pt := c.pt
+	if !c.capped || pt.task == nil || pt.w.txn != nil {
+		return true
+	}
+	c.mu.Lock()
+	target := c.nextFetch
+	c.mu.Unlock()
+	budget := pt.w.cutBudget()
+	for range 3 {
+		pt.w.tasks.wake(pt.task.key)
+		switch c.awaitFlushed(ctx, target, budget) {
+		case waitDone:
+			return true
+		case waitStopped:
+			return false
+		}
+	}
+	pt.w.log.Warn("no commit cycle up to the failed record; handing it out anyway (a further failure reprocesses from the last commit point)",
+		"topic", pt.topic, "partition", pt.p, "offset", target)
+	return true
+}
+
+// Outcomes of awaitFlushed.
+const (
+	waitDone    = iota // the condition holds
+	waitTimeout        // the budget passed
+	waitStopped        // fetching stopped, a seek back started, or ctx ended
+)
+
+// awaitFlushed waits until a cycle with a commit point at or after target
+// was acknowledged (Committable), up to budget.
+func (c *claimProducer) awaitFlushed(ctx context.Context, target int64, budget time.Duration) int {
+	timedOut := false // guarded by mu
+	t := time.AfterFunc(budget, func() {
+		c.mu.Lock()
+		timedOut = true
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	})
+	defer t.Stop()
+	stop := context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	})
+	defer stop()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		switch {
+		case c.flushed >= target:
+			return waitDone
+		case ctx.Err() != nil, c.rewind >= 0, c.halted, c.closed, c.stopped():
+			return waitStopped
+		case timedOut:
+			return waitTimeout
+		}
+		c.cond.Wait()
+	}
+}
+
+// awaitHeld waits until the held record at off resolved (true), or fetching
+// stopped, a seek back started, or ctx ended (false). Advance wakes it.
+func (c *claimProducer) awaitHeld(ctx context.Context, off int64) bool {
+	stop := context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	})
+	defer stop()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		switch {
+		case c.wm.Next() > off:
+			return true
+		case ctx.Err() != nil, c.rewind >= 0, c.halted, c.closed, c.stopped():
+			return false
+		}
+		c.cond.Wait()
 	}
 }
 
@@ -1070,6 +1226,7 @@ func (c *claimProducer) Committable(boundary int64) {
 	if mark {
 		c.marked = next
 	}
+	c.cond.Broadcast() // cycleBefore waits for flushed
 	c.mu.Unlock()
 	if mark {
 		c.pt.sess.MarkOffset(c.pt.topic, c.pt.p, next, "")
