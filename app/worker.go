@@ -692,7 +692,8 @@ type tablePart struct {
 	stopFollow context.CancelFunc // nil when no follower runs
 	followDone chan struct{}      // closed when the last follower exited
 	// handoff promotes the running follower in place (changelog.Handoff);
-	// nil when no follower runs.
+	// set and cleared with stopFollow: nil when no follower runs or it was
+	// told to stop.
 	handoff *changelog.Handoff
 }
 
@@ -781,7 +782,7 @@ func (tp *tableParts) setFollowed(want map[string][]int32) {
 			tp.startFollower(k, p)
 		case !p.wantFollow && p.stopFollow != nil:
 			p.stopFollow()
-			p.stopFollow = nil
+			p.stopFollow, p.handoff = nil, nil
 		}
 	}
 }
@@ -850,17 +851,19 @@ func (tp *tableParts) acquire(ctx context.Context, k restoreKey) error {
 // the previous owner's final commit) leaves it. stop, h and done are the
 // follower's, nil when none runs.
 func (w *Worker) promoteOrRestore(ctx context.Context, t *tableRuntime, k restoreKey, stop context.CancelFunc, h *changelog.Handoff, done chan struct{}) (changelog.Result, error) {
+	if stop == nil {
+		stop = func() {}
+		h = nil // cannot happen: the two are set and cleared together
+	}
 	m, err := w.committedOffsets()
 	if err != nil {
-		if stop != nil {
-			stop()
-		}
+		stop()
 		return changelog.Result{}, err
 	}
 	committed := committedFunc(m)
 	if h != nil {
 		res, err := h.Promote(ctx, committed, done)
-		stop()
+		stop() // a follower that promoted has ended or is ending
 		if !errors.Is(err, changelog.ErrNotPromoted) {
 			// The follower ended; wait for it to release the partition
 			// (the restorer's consumer takes it once).
@@ -872,7 +875,7 @@ func (w *Worker) promoteOrRestore(ctx context.Context, t *tableRuntime, k restor
 			return res, err
 		}
 		w.log.Debug("standby not promoted; restoring", "table", k.table, "partition", k.p, "err", err)
-	} else if stop != nil {
+	} else {
 		stop()
 	}
 	if done != nil {
@@ -937,7 +940,7 @@ func (tp *tableParts) stop() {
 	for _, p := range tp.parts {
 		if p.stopFollow != nil {
 			p.stopFollow()
-			p.stopFollow = nil
+			p.stopFollow, p.handoff = nil, nil
 		}
 	}
 	tp.mu.Unlock()

@@ -67,9 +67,10 @@ var ErrNotPromoted = errors.New("standby not promoted")
 // with the group's offsets as they are now (after the previous owner's last
 // commit: a claim's initial offsets). ended is the Follow's end (closed when
 // the goroutine running it returned). Errors: ErrNotPromoted (fall back to
-// Restore), ctx's, and the restore's own (wrapped with the topic and
-// partition); after an error other than ErrNotPromoted the store is as a
-// failed Restore leaves it: consistent, possibly short of the highwater.
+// Restore), ctx's (the caller then stops the Follow, which may still be
+// restoring), and the restore's own (wrapped with the topic and partition);
+// after an error other than ErrNotPromoted the store is as a failed Restore
+// leaves it: consistent, possibly short of the highwater.
 func (h *Handoff) Promote(ctx context.Context, committed CommittedFunc, ended <-chan struct{}) (Result, error) {
 	start := time.Now()
 	r := handoffReq{ctx: ctx, committed: committed, reply: make(chan handoffReply, 1)}
@@ -80,12 +81,14 @@ func (h *Handoff) Promote(ctx context.Context, committed CommittedFunc, ended <-
 	case <-ctx.Done():
 		return Result{}, ctx.Err()
 	}
-	// The follower took the request: it answers before it returns, so
-	// waiting for the reply alone would do; ended covers a follower that
-	// panicked away.
+	// The follower took the request: it answers before it returns; ended
+	// covers a follower that panicked away. The follower's read runs under
+	// the Follow's context: a caller whose ctx ends must stop the Follow.
 	var rep handoffReply
 	select {
 	case rep = <-r.reply:
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
 	case <-ended:
 		select {
 		case rep = <-r.reply:
