@@ -409,8 +409,8 @@ func retriableCommit(err error) bool {
 // are acknowledged by the same produce responses); the partitions are given
 // up when the last of them committed, so waiting for it costs the hand-over
 // nothing, and one OffsetCommit replaces one per task (each a round trip to
-// the coordinator, serialized under commitMu: ~20 ms each on Kafka 4.4 on a
-// loaded machine, docs/benchmarks.md).
+// the coordinator, serialized under commitMu: 3–22 ms each in
+// bench/sidebyside's hand-over on Kafka 4.4 at load ~20, 350 ms at worst).
 const finalLinger = 50 * time.Millisecond
 
 // commitQueue sends the commit cycles' OffsetCommits, coalescing the commits
@@ -430,6 +430,7 @@ type commitQueue struct {
 	waiting map[*taskRun]bool // suspending tasks whose final commit has not come; guarded by mu
 	news    chan struct{}     // a commit was asked or a task stopped being waited for (capacity 1)
 	w       *Worker           // set by the first commit; guarded by mu
+	linger  time.Duration     // finalLinger when 0 (tests set it); read by the sender
 }
 
 // commitReq is one task's commit: its partitions' offsets, and where its
@@ -516,7 +517,11 @@ func (q *commitQueue) send() {
 		}
 		if len(q.waiting) > 0 {
 			if linger == nil {
-				linger = time.NewTimer(finalLinger)
+				d := q.linger
+				if d <= 0 {
+					d = finalLinger
+				}
+				linger = time.NewTimer(d)
 				lingerC = linger.C
 			}
 			if lingerC != nil {
