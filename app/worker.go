@@ -601,13 +601,14 @@ func (w *Worker) endOffsets(topics map[string]int32) map[string]map[int32]int64 
 // assignment no longer holds, starts and stops standby followers, and
 // recomputes readiness (a member whose partitions did not change stays ready).
 func (w *Worker) onAssignment(a assignor.Assignment) {
-	followed := map[string][]int32{}
+	followed, active := map[string][]int32{}, map[string][]int32{}
 	for _, t := range w.tables {
 		topic := t.state.Topic()
 		followed[t.def.Name()] = append(slices.Clone(a.Standbys[topic]), a.Warmups[topic]...)
+		active[t.def.Name()] = a.Actives[topic]
 	}
 	if w.parts != nil {
-		w.parts.setFollowed(followed)
+		w.parts.setFollowed(followed, active)
 	}
 	w.checkGlobals(a)
 	ready := w.parts == nil || w.parts.restoredAll(a)
@@ -764,10 +765,13 @@ func (tp *tableParts) startFollower(k restoreKey, p *tablePart) {
 	}()
 }
 
-// setFollowed makes the followed partitions exactly want (table -> partitions:
+// setFollowed makes the followed partitions want (table -> partitions:
 // standbys and warm-ups); a partition with a running claim starts following
-// when its last claim ends.
-func (tp *tableParts) setFollowed(want map[string][]int32) {
+// when its last claim ends. A follower of a partition that became active
+// (table -> partitions) keeps running until the partition's claim promotes
+// it (acquire: changelog.Handoff); stopped here, the claim would read again
+// from the broker what it held back.
+func (tp *tableParts) setFollowed(want, active map[string][]int32) {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	for table, ps := range want {
@@ -780,7 +784,7 @@ func (tp *tableParts) setFollowed(want map[string][]int32) {
 		switch {
 		case p.wantFollow && p.claims == 0:
 			tp.startFollower(k, p)
-		case !p.wantFollow && p.stopFollow != nil:
+		case !p.wantFollow && p.stopFollow != nil && !slices.Contains(active[k.table], k.p):
 			p.stopFollow()
 			p.stopFollow, p.handoff = nil, nil
 		}
