@@ -38,7 +38,9 @@ func memberOf(t *testing.T, brokers []string, group, topic string) sarama.Consum
 	}
 }
 
-type sessionHandler struct{ sess chan sarama.ConsumerGroupSession }
+type sessionHandler struct {
+	sess chan sarama.ConsumerGroupSession
+}
 
 func (h *sessionHandler) Setup(s sarama.ConsumerGroupSession) error {
 	select {
