@@ -32,12 +32,12 @@ type restoreKey struct {
 	p     int32
 }
 
-// restoreGate runs one partition's restore once per activation; every claim
-// that needs the partition waits for it.
+// restoreGate is one partition's restore of an activation: the claim that
+// created it runs the restore (tableParts.acquire), every other claim that
+// needs the partition waits for done.
 type restoreGate struct {
-	once sync.Once
-	done chan struct{}
-	err  error
+	done chan struct{} // closed when the restore ended
+	err  error         // its outcome; written before done closes
 }
 
 func (h *handler) Setup(sess sarama.ConsumerGroupSession) error {

@@ -100,16 +100,6 @@ func committedFunc(m map[string]map[int32]int64) changelog.CommittedFunc {
 	}
 }
 
-// restoreOptions returns the options of an active restore: skip changelog
-// records of uncommitted source offsets, as committed now.
-func (w *Worker) restoreOptions() ([]changelog.Option, error) {
-	m, err := w.committedOffsets()
-	if err != nil {
-		return nil, err
-	}
-	return []changelog.Option{changelog.SkipUncommitted(committedFunc(m))}, nil
-}
-
 // committedTracker keeps the group's committed offsets fresh for standbys,
 // refreshing them every interval until its context ends.
 type committedTracker struct {

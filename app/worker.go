@@ -605,13 +605,14 @@ func (w *Worker) endOffsets(topics map[string]int32) map[string]map[int32]int64 
 // assignment no longer holds, starts and stops standby followers, and
 // recomputes readiness (a member whose partitions did not change stays ready).
 func (w *Worker) onAssignment(a assignor.Assignment) {
-	followed := map[string][]int32{}
+	followed, active := map[string][]int32{}, map[string][]int32{}
 	for _, t := range w.tables {
 		topic := t.state.Topic()
 		followed[t.def.Name()] = append(slices.Clone(a.Standbys[topic]), a.Warmups[topic]...)
+		active[t.def.Name()] = a.Actives[topic]
 	}
 	if w.parts != nil {
-		w.parts.setFollowed(followed)
+		w.parts.setFollowed(followed, active)
 	}
 	w.checkGlobals(a)
 	ready := w.parts == nil || w.parts.restoredAll(a)
@@ -695,6 +696,10 @@ type tablePart struct {
 	wantFollow bool
 	stopFollow context.CancelFunc // nil when no follower runs
 	followDone chan struct{}      // closed when the last follower exited
+	// handoff promotes the running follower in place (changelog.Handoff);
+	// set and cleared with stopFollow: nil when no follower runs or it was
+	// told to stop.
+	handoff *changelog.Handoff
 }
 
 // tableParts tracks every table partition of a worker across group sessions;
@@ -744,8 +749,9 @@ func (tp *tableParts) startFollower(k restoreKey, p *tablePart) {
 	ctx, cancel := context.WithCancel(tp.ctx)
 	done := make(chan struct{})
 	prev := p.followDone
-	p.stopFollow, p.followDone = cancel, done
-	follow := tp.w.followOptions(ctx, &tp.bg)
+	h := changelog.NewHandoff()
+	p.stopFollow, p.followDone, p.handoff = cancel, done, h
+	follow := append(tp.w.followOptions(ctx, &tp.bg), changelog.WithHandoff(h))
 	tp.bg.Add(1)
 	go func() {
 		defer tp.bg.Done()
@@ -763,10 +769,13 @@ func (tp *tableParts) startFollower(k restoreKey, p *tablePart) {
 	}()
 }
 
-// setFollowed makes the followed partitions exactly want (table -> partitions:
+// setFollowed makes the followed partitions want (table -> partitions:
 // standbys and warm-ups); a partition with a running claim starts following
-// when its last claim ends.
-func (tp *tableParts) setFollowed(want map[string][]int32) {
+// when its last claim ends. A follower of a partition that became active
+// (table -> partitions) keeps running until the partition's claim promotes
+// it (acquire: changelog.Handoff); stopped here, the claim would read again
+// from the broker what it held back.
+func (tp *tableParts) setFollowed(want, active map[string][]int32) {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	for table, ps := range want {
@@ -779,50 +788,45 @@ func (tp *tableParts) setFollowed(want map[string][]int32) {
 		switch {
 		case p.wantFollow && p.claims == 0:
 			tp.startFollower(k, p)
-		case !p.wantFollow && p.stopFollow != nil:
+		case !p.wantFollow && p.stopFollow != nil && !slices.Contains(active[k.table], k.p):
 			p.stopFollow()
-			p.stopFollow = nil
+			p.stopFollow, p.handoff = nil, nil
 		}
 	}
 }
 
-// acquire makes table partition k active for one claim: it stops its
-// follower, restores it once per activation (every claim waits for that
-// restore) and marks it writable.
+// acquire makes table partition k active for one claim: the claim that
+// starts the activation promotes or stops its follower and restores it once
+// (every other claim of the activation waits for that) and marks it
+// writable.
 func (tp *tableParts) acquire(ctx context.Context, k restoreKey) error {
 	t := tp.w.tableByName(k.table)
 	tp.mu.Lock()
 	p := tp.get(k)
 	p.claims++
-	if p.stopFollow != nil {
-		p.stopFollow()
-		p.stopFollow = nil
-	}
-	followDone := p.followDone
-	if p.gate == nil {
+	// The claim that starts the activation (creates its gate) takes over
+	// the follower and brings the partition up; the activation's other
+	// claims wait for it. No follower starts while a claim holds the
+	// partition (setFollowed, release), so a gate and a follower never
+	// exist at once.
+	first := p.gate == nil
+	var stopFollow context.CancelFunc
+	var handoff *changelog.Handoff
+	var followDone chan struct{}
+	if first {
 		p.gate = &restoreGate{done: make(chan struct{})}
+		stopFollow, handoff, followDone = p.stopFollow, p.handoff, p.followDone
+		p.stopFollow, p.handoff = nil, nil
 	}
 	g := p.gate
 	tp.mu.Unlock()
-	if followDone != nil {
-		select {
-		case <-followDone:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
 	w := tp.w
-	g.once.Do(func() {
+	if first {
 		defer close(g.done)
-		opts, err := w.restoreOptions()
+		res, err := w.promoteOrRestore(ctx, t, k, stopFollow, handoff, followDone)
 		if err != nil {
 			g.err = err
-			return
-		}
-		res, err := w.restorer.Restore(ctx, t.state.Topic(), k.p, t.store, opts...)
-		if err != nil {
-			g.err = err
-			return
+			return err
 		}
 		w.restored.Add(res.Records)
 		w.restoredSpan.Add(res.To - res.Start)
@@ -832,17 +836,64 @@ func (tp *tableParts) acquire(ctx context.Context, k restoreKey) error {
 			lvl = slog.LevelInfo
 		}
 		w.log.Log(ctx, lvl, "restored", "table", k.table, "partition", k.p, "records", res.Records,
-			"from", res.From, "to", res.To, "rebuilt", res.Rebuilt, "elapsed", res.Elapsed)
+			"from", res.From, "to", res.To, "rebuilt", res.Rebuilt, "promoted", res.Promoted, "elapsed", res.Elapsed)
 		if g.err = w.activatePartition(t, k.p); g.err == nil {
 			g.err = t.state.SetActive(k.p, true)
 		}
-	})
+		return g.err
+	}
 	select {
 	case <-g.done:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	return g.err
+}
+
+// promoteOrRestore brings table partition k up to its changelog's highwater
+// for an activation: it promotes the partition's standby follower in place
+// when one runs (changelog.Handoff: the records it held back are applied
+// from memory, no new partition consumer), and otherwise, or when the
+// follower declines, stops it and restores (changelog.Restore). Either way
+// the store ends as Restore under the group's committed offsets of now (after
+// the previous owner's final commit) leaves it. stop, h and done are the
+// follower's, nil when none runs.
+func (w *Worker) promoteOrRestore(ctx context.Context, t *tableRuntime, k restoreKey, stop context.CancelFunc, h *changelog.Handoff, done chan struct{}) (changelog.Result, error) {
+	if stop == nil {
+		stop = func() {}
+		h = nil // cannot happen: the two are set and cleared together
+	}
+	m, err := w.committedOffsets()
+	if err != nil {
+		stop()
+		return changelog.Result{}, err
+	}
+	committed := committedFunc(m)
+	if h != nil {
+		res, err := h.Promote(ctx, committed, done)
+		stop() // a follower that promoted has ended or is ending
+		if !errors.Is(err, changelog.ErrNotPromoted) {
+			// The follower ended; wait for it to release the partition
+			// (the restorer's consumer takes it once).
+			select {
+			case <-done:
+			case <-ctx.Done():
+				return res, ctx.Err()
+			}
+			return res, err
+		}
+		w.log.Debug("standby not promoted; restoring", "table", k.table, "partition", k.p, "err", err)
+	} else {
+		stop()
+	}
+	if done != nil {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return changelog.Result{}, ctx.Err()
+		}
+	}
+	return w.restorer.Restore(ctx, t.state.Topic(), k.p, t.store, changelog.SkipUncommitted(committed))
 }
 
 // release ends one claim's hold on each of keys; a partition whose last claim
@@ -897,7 +948,7 @@ func (tp *tableParts) stop() {
 	for _, p := range tp.parts {
 		if p.stopFollow != nil {
 			p.stopFollow()
-			p.stopFollow = nil
+			p.stopFollow, p.handoff = nil, nil
 		}
 	}
 	tp.mu.Unlock()

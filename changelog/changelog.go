@@ -126,6 +126,7 @@ type Option func(*runOpts)
 
 type runOpts struct {
 	committed CommittedFunc
+	handoff   *Handoff // Follow: promote in place (WithHandoff)
 }
 
 // SkipUncommitted makes Restore and Follow leave out every changelog record
@@ -205,7 +206,11 @@ type Result struct {
 	// broker's end, below its log start, or covering uncommitted effects) and
 	// the partition was wiped.
 	Rebuilt bool
-	Elapsed time.Duration
+	// Promoted is set when a standby's Follow did the restore in place
+	// (Handoff.Promote): Records and Skipped count only what it applied and
+	// skipped after the promotion, held-back records included.
+	Promoted bool
+	Elapsed  time.Duration
 }
 
 // Restore brings partition p of store up to the end of the changelog partition
@@ -360,6 +365,23 @@ func (r *Restorer) run(ctx context.Context, topic string, p int32, st stores.Sto
 		n, skipped, err := r.consume(ctx, topic, p, st, from, end, follow, o, &res.Fenced)
 		res.Records += n
 		res.Skipped += skipped
+		if follow && o.handoff != nil && o.handoff.served {
+			return res, err // promoted (or declined): the follower ends
+		}
+		if follow && errors.Is(err, errHoldBackFull) {
+			// The records held back are dropped; the checkpoint is still
+			// before the first of them, so reading again from it gets them
+			// back once the group committed further.
+			r.logger().Info("standby held back more than its bound; reading again from its checkpoint",
+				"topic", topic, "partition", p, "bytes", MaxHoldBack)
+			attempt = 0
+			select {
+			case <-ctx.Done():
+				return res, ctx.Err()
+			case <-time.After(holdBackRetry):
+			}
+			continue
+		}
 		if errors.Is(err, sarama.ErrOffsetOutOfRange) && (follow || moved < 20) {
 			moved++
 			attempt = 0
@@ -553,9 +575,53 @@ type pendingRec struct {
 	key, value []byte
 	offset     int64
 	stamp      *Stamp
+	// fenced: a stale writer's record met behind held-back ones; it applies
+	// nothing, and the checkpoint passes it only when they are released.
+	fenced bool
 }
 
+// MaxHoldBack bounds the bytes (keys and values) a standby holds back while
+// their source offsets are not committed: 64 MiB. A standby over it drops
+// them and reads again from its checkpoint a second later (its store never
+// holds them before their commit), and a promotion then reads them from the
+// broker as a Restore does. A standby normally holds one or two commit
+// intervals of its partition's changelog records.
+const MaxHoldBack = 64 << 20
+
+// holdBackRetry is how long a standby whose hold-back overflowed waits
+// before it reads again.
+const holdBackRetry = time.Second
+
+// errHoldBackFull ends a Follow's read when its held-back records passed
+// MaxHoldBack (run reads again from the checkpoint).
+var errHoldBackFull = errors.New("standby hold-back over its bound")
+
+// promoteIdleProbe is a promoted standby's IdleProbe: the tail it reads after
+// the promotion is what was written in the last moments before it (the
+// previous owner's final cycle), on a consumer that is already fetching, so a
+// pause of more than a few ms means that only a transaction marker (Exactly-
+// once) is left below the highwater.
+const promoteIdleProbe = 20 * time.Millisecond
+
 func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores.Store, from, end int64, follow bool, o runOpts, fencedN *int64) (n, skipped int64, err error) {
+	// A promotion (Handoff) turns this Follow into a restore; its answer goes
+	// out when the read ends, whichever way.
+	var handoff chan handoffReq
+	if follow && o.handoff != nil {
+		handoff = o.handoff.req
+	}
+	var promoted *handoffReq
+	var n0, skipped0, fenced0 int64
+	defer func() {
+		if promoted == nil {
+			return
+		}
+		res := Result{Records: n - n0, Skipped: skipped - skipped0, Fenced: *fencedN - fenced0, From: from, To: end, Start: from, Promoted: true}
+		if err != nil {
+			err = fmt.Errorf("promote %s[%d]: %w", topic, p, err)
+		}
+		promoted.reply <- handoffReply{res: res, err: err}
+	}()
 	pc, err := r.Consumer.ConsumePartition(topic, p, from)
 	if err != nil {
 		return 0, 0, err
@@ -670,18 +736,50 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 	// Standby hold-back (SkipUncommitted in Follow): records are applied in
 	// offset order, so once one is held back every later one queues behind it.
 	var pending []pendingRec
+	pendingBytes := 0
 	release := func() {
 		i := 0
-		for ; i < len(pending) && (pending[i].stamp == nil || pending[i].stamp.committed(o.committed)); i++ {
+		for ; i < len(pending) && (pending[i].fenced || pending[i].stamp == nil || pending[i].stamp.committed(o.committed)); i++ {
+			if pending[i].fenced {
+				b.Offset = pending[i].offset
+				continue
+			}
 			add(pending[i].key, pending[i].value, pending[i].offset, pending[i].stamp)
+			pendingBytes -= len(pending[i].key) + len(pending[i].value)
 		}
 		pending = pending[i:]
+		if len(pending) == 0 {
+			pending, pendingBytes = nil, 0
+		}
+	}
+	// restoreRec applies a record as a restore does: skipped when its source
+	// offset is not committed, the key put back to its before-image by its
+	// first such record.
+	restoreRec := func(key, value []byte, offset int64, stamp *Stamp) {
+		if stamp == nil || o.committed == nil || stamp.committed(o.committed) {
+			add(key, value, offset, stamp)
+			return
+		}
+		skipped++
+		b.Offset = offset
+		if stamp.HasBefore && !reverted[string(key)] {
+			// Put the key back to its committed value: compaction may
+			// have removed the record that wrote it.
+			reverted[string(key)] = true
+			put(key, stamp.Before, offset)
+		}
 	}
 	handle := func(msg *sarama.ConsumerMessage) {
 		pos = msg.Offset + 1
 		stamp := stampOf(msg.Headers)
 		if fenced(stamp) {
 			*fencedN++
+			if follow && len(pending) > 0 {
+				// Behind held-back records the checkpoint stays before
+				// them: it passes this one when they are released.
+				pending = append(pending, pendingRec{offset: msg.Offset, fenced: true})
+				return
+			}
 			b.Offset = msg.Offset
 			return
 		}
@@ -690,21 +788,65 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 		case follow && o.committed != nil:
 			if len(pending) > 0 || uncommitted {
 				pending = append(pending, pendingRec{key: msg.Key, value: msg.Value, offset: msg.Offset, stamp: stamp})
+				pendingBytes += len(msg.Key) + len(msg.Value)
 				return
 			}
 			add(msg.Key, msg.Value, msg.Offset, stamp)
-		case !follow && uncommitted:
-			skipped++
-			b.Offset = msg.Offset
-			if stamp.HasBefore && !reverted[string(msg.Key)] {
-				// Put the key back to its committed value: compaction may
-				// have removed the record that wrote it.
-				reverted[string(msg.Key)] = true
-				put(msg.Key, stamp.Before, msg.Offset)
-			}
+		case !follow:
+			restoreRec(msg.Key, msg.Value, msg.Offset, stamp)
 		default:
 			add(msg.Key, msg.Value, msg.Offset, stamp)
 		}
+	}
+	// promote turns the Follow into a restore to the highwater under the
+	// committed offsets of hr (Handoff.Promote): the held-back records are
+	// applied or skipped as a restore would, and the read goes on from the
+	// live partition consumer. It returns false when the follower declines
+	// (it answered and must end).
+	promote := func(hr handoffReq) (bool, error) {
+		decline := func(err error) (bool, error) {
+			hr.reply <- handoffReply{declined: true, err: err}
+			return false, err
+		}
+		o.handoff.served = true
+		if err := flush(); err != nil {
+			return decline(err)
+		}
+		// The standby's store holds only records whose source offsets it
+		// saw committed; offsets that went back since (a reset of the
+		// group) make it dirty, and only a Restore's wipe rebuilds it.
+		why, err := dirtyMarks(st, p, hr.committed)
+		if err != nil {
+			return decline(err)
+		}
+		if why != "" {
+			return decline(errors.New("store holds effects of uncommitted source records (" + why + ")"))
+		}
+		hw, err := r.Client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return decline(fmt.Errorf("highwater: %w", err))
+		}
+		o.committed = hr.committed
+		follow, handoff, promoted = false, nil, &hr
+		n0, skipped0, fenced0 = n, skipped, *fencedN
+		end = hw
+		from = pos
+		if len(pending) > 0 {
+			from = pending[0].offset
+		}
+		started = time.Now()
+		idle = min(idle, promoteIdleProbe)
+		progress(false)
+		held := pending
+		pending, pendingBytes = nil, 0
+		for _, rec := range held {
+			if rec.fenced {
+				b.Offset = rec.offset
+				continue
+			}
+			restoreRec(rec.key, rec.value, rec.offset, rec.stamp)
+		}
+		return true, flush()
 	}
 
 	timer := time.NewTimer(idle)
@@ -731,6 +873,12 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 				return n, skipped, errors.Join(flush(), errors.New("partition consumer closed"))
 			}
 			return n, skipped, errors.Join(flush(), e.Err)
+		case hr := <-handoff:
+			ok, err := promote(hr)
+			if !ok || err != nil {
+				return n, skipped, err
+			}
+			continue
 		case <-timer.C:
 			if follow {
 				if len(pending) > 0 {
@@ -794,6 +942,9 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 		}
 		if err := flush(); err != nil {
 			return n, skipped, err
+		}
+		if pendingBytes > MaxHoldBack {
+			return n, skipped, errHoldBackFull
 		}
 	}
 }

@@ -1,0 +1,156 @@
+package app
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/internal/task"
+	"github.com/runnel-dev/runnel/internal/testbroker"
+)
+
+// memberOf joins group as a real member consuming topic and returns its
+// session (what the commit cycles commit under).
+func memberOf(t *testing.T, brokers []string, group, topic string) sarama.ConsumerGroupSession {
+	t.Helper()
+	cg, err := sarama.NewConsumerGroup(brokers, group, testbroker.SaramaConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &sessionHandler{sess: make(chan sarama.ConsumerGroupSession, 1)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = cg.Consume(ctx, []string{topic}, h)
+	}()
+	t.Cleanup(func() { cancel(); <-done; _ = cg.Close() })
+	select {
+	case s := <-h.sess:
+		return s
+	case <-time.After(30 * time.Second):
+		t.Fatal("no group session within 30 s")
+		return nil
+	}
+}
+
+type sessionHandler struct {
+	sess chan sarama.ConsumerGroupSession
+}
+
+func (h *sessionHandler) Setup(s sarama.ConsumerGroupSession) error {
+	select {
+	case h.sess <- s:
+	default:
+	}
+	return nil
+}
+func (h *sessionHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+func (h *sessionHandler) ConsumeClaim(s sarama.ConsumerGroupSession, _ sarama.ConsumerGroupClaim) error {
+	<-s.Context().Done()
+	return nil
+}
+
+// TestCommitQueueSendsFinalCyclesTogether: four tasks suspend together (a
+// worker stopping); their final cycles' commits go to the coordinator in one
+// OffsetCommit, each task hears its own answer, and the group's offsets are
+// the four commit points. A suspending task that ends without a commit (its
+// final cycle had nothing to write, or failed) stops being waited for. A
+// commit whose context ended before it was sent is answered with that error
+// and not sent. The linger is long here so that the test waits for events,
+// not time: only the tasks' own commits (or their leaving) release a batch.
+func TestCommitQueueSendsFinalCyclesTogether(t *testing.T) {
+	brokers := testbroker.Brokers(t)
+	topic := testbroker.Topic(t, "in")
+	testbroker.CreateTopic(t, brokers, topic, 4, nil)
+	group := testbroker.Topic(t, "g")
+	sess := memberOf(t, brokers, group, topic)
+	var logs testbroker.LockedBuffer
+	w := &Worker{app: &App{id: group}, meta: testbroker.Client(t, brokers),
+		log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	w.tasks.w = w
+	w.tasks.commits.linger = time.Hour
+
+	trs := make([]*taskRun, 4)
+	for i := range trs {
+		trs[i] = &taskRun{key: taskKey{4, int32(i)}}
+		w.tasks.commits.expect(trs[i])
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(trs))
+	for i, tr := range trs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = w.commitSync(context.Background(), tr, sess, []task.Offset{{Topic: topic, Partition: int32(i), Offset: int64(10 + i)}})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("task %d: %v", i, err)
+		}
+	}
+	if got := commitLines(logs.String()); len(got) != 1 || !strings.Contains(got[0], "tasks=4 ") {
+		t.Fatalf("OffsetCommit requests %q, want one for 4 tasks", got)
+	}
+	want := map[int32]int64{0: 10, 1: 11, 2: 12, 3: 13}
+	if got := testbroker.Committed(t, brokers, group, topic); !equalOffsets(got, want) {
+		t.Fatalf("committed %v, want %v", got, want)
+	}
+
+	// Two suspend; one commits, the other ends without a commit.
+	a, b := &taskRun{key: taskKey{4, 0}}, &taskRun{key: taskKey{4, 1}}
+	w.tasks.commits.expect(a)
+	w.tasks.commits.expect(b)
+	res := make(chan error, 1)
+	go func() {
+		res <- w.commitSync(context.Background(), a, sess, []task.Offset{{Topic: topic, Partition: 0, Offset: 20}})
+	}()
+	w.tasks.commits.unexpect(b)
+	if err := <-res; err != nil {
+		t.Fatal(err)
+	}
+	if got := testbroker.Committed(t, brokers, group, topic)[0]; got != 20 {
+		t.Fatalf("partition 0 committed at %d, want 20", got)
+	}
+
+	// A commit whose context ended is not sent.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := w.tasks.commits.commit(ctx, w, a, sess, []task.Offset{{Topic: topic, Partition: 0, Offset: 30}}); err == nil {
+		t.Fatal("a commit with an ended context succeeded")
+	}
+	if got := testbroker.Committed(t, brokers, group, topic)[0]; got != 20 {
+		t.Fatalf("partition 0 committed at %d after a cancelled commit, want 20", got)
+	}
+	if got := commitLines(logs.String()); len(got) != 2 {
+		t.Fatalf("OffsetCommit requests %q, want 2 in all", got)
+	}
+}
+
+func commitLines(log string) []string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, `msg="offsets committed"`) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func equalOffsets(a, b map[int32]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
