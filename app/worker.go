@@ -581,9 +581,31 @@ func (w *Worker) localOffsets() map[string]map[int32]int64 {
 				m[p] = off
 			}
 		}
+		if w.parts != nil {
+			w.parts.received(t.def.Name(), m)
+		}
 		out[t.state.Topic()] = m
 	}
 	return out
+}
+
+// received raises m's offsets (table partition -> last changelog offset held)
+// of table's followed partitions to what their standby followers received,
+// held-back records included (changelog.Handoff.Received: a promotion applies
+// those from memory).
+func (tp *tableParts) received(table string, m map[int32]int64) {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	for k, p := range tp.parts {
+		if k.table != table || p.handoff == nil {
+			continue
+		}
+		if r, ok := p.handoff.Received(); ok {
+			if off, held := m[k.p]; !held || r > off {
+				m[k.p] = r
+			}
+		}
+	}
 }
 
 func (w *Worker) endOffsets(topics map[string]int32) map[string]map[int32]int64 {

@@ -644,6 +644,11 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 	started := time.Now()
 	lastReport := started
 	pos := from // offset after the last record read
+	if follow && o.handoff != nil {
+		// From the checkpoint again (a first read, or after a hold-back
+		// overflow dropped what was held).
+		o.handoff.read.Store(from)
+	}
 	progress := func(done bool) {
 		el := time.Since(started)
 		pr := Progress{Topic: topic, Partition: p, Records: n, Skipped: skipped, From: from, Position: pos, Target: end, Elapsed: el, Done: done}
@@ -771,6 +776,9 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 	}
 	handle := func(msg *sarama.ConsumerMessage) {
 		pos = msg.Offset + 1
+		if follow && o.handoff != nil {
+			o.handoff.read.Store(pos)
+		}
 		stamp := stampOf(msg.Headers)
 		if fenced(stamp) {
 			*fencedN++

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,6 +33,23 @@ type Handoff struct {
 	// served is set by the follower when it took a request (it then ends);
 	// read and written only by the goroutine running the Follow.
 	served bool
+	// read is the offset after the last changelog record the follower
+	// received (applied or held back), 0 before its first read; written by
+	// the Follow's goroutine, read by Received.
+	read atomic.Int64
+}
+
+// Received returns the changelog offset of the last record the follower
+// serving h received, applied to the store or held back in memory, and
+// false before it read anything. A promotion applies the held-back records
+// from memory (Promote), so for the lag of a standby or warm-up (KIP-441's
+// acceptable recovery lag) they count as caught up: a partition whose cycles
+// write more records than the acceptable lag would otherwise never look
+// caught up while its owner is busy. Held-back records dropped at
+// MaxHoldBack take it back to the checkpoint.
+func (h *Handoff) Received() (int64, bool) {
+	r := h.read.Load()
+	return r - 1, r > 0
 }
 
 type handoffReq struct {

@@ -68,6 +68,12 @@ func TestPromoteAppliesHeldBackRecords(t *testing.T) {
 	// 3: offsets 1 and 2 are committed, 3 is not (its record will be
 	// processed again by the new owner).
 	e.produce(topic, rec{key: "c", value: "1", stamp: cycle(1, 3, "", true)})
+	// What the standby received counts for its lag (KIP-441), held back or
+	// not: offset 3, while its store is still at 0.
+	waitFor(t, func() bool { r, ok := fl.h.Received(); return ok && r == 3 })
+	if off, _ := st.Offset(0); off != 0 {
+		t.Fatalf("store checkpoint %d while offsets 1-3 are held back, want 0", off)
+	}
 	atHandover := committed(map[int32]int64{0: 3})
 	res, err := promote(t, fl, atHandover)
 	if err != nil {
