@@ -879,12 +879,7 @@ func (c *claimProducer) awaitFlushed(ctx context.Context, target int64, budget t
 		c.mu.Unlock()
 	})
 	defer t.Stop()
-	stop := context.AfterFunc(ctx, func() {
-		c.mu.Lock()
-		c.cond.Broadcast()
-		c.mu.Unlock()
-	})
-	defer stop()
+	defer c.wakeOnDone(ctx)()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
@@ -900,15 +895,21 @@ func (c *claimProducer) awaitFlushed(ctx context.Context, target int64, budget t
 	}
 }
 
-// awaitHeld waits until the held record at off resolved (true), or fetching
-// stopped, a seek back started, or ctx ended (false). Advance wakes it.
-func (c *claimProducer) awaitHeld(ctx context.Context, off int64) bool {
-	stop := context.AfterFunc(ctx, func() {
+// wakeOnDone makes ctx's end wake every waiter on c.cond (they check
+// ctx.Err() after each Wait); the returned func unregisters it. Called
+// without c.mu held.
+func (c *claimProducer) wakeOnDone(ctx context.Context) (stop func() bool) {
+	return context.AfterFunc(ctx, func() {
 		c.mu.Lock()
 		c.cond.Broadcast()
 		c.mu.Unlock()
 	})
-	defer stop()
+}
+
+// awaitHeld waits until the held record at off resolved (true), or fetching
+// stopped, a seek back started, or ctx ended (false). Advance wakes it.
+func (c *claimProducer) awaitHeld(ctx context.Context, off int64) bool {
+	defer c.wakeOnDone(ctx)()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
@@ -1188,12 +1189,7 @@ func (c *claimProducer) Resume() {
 // (the writes stay in the caches for a later cycle, whose commit point
 // covers them).
 func (c *claimProducer) AwaitResolved(ctx context.Context, boundary int64) error {
-	stop := context.AfterFunc(ctx, func() {
-		c.mu.Lock()
-		c.cond.Broadcast()
-		c.mu.Unlock()
-	})
-	defer stop()
+	defer c.wakeOnDone(ctx)()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
