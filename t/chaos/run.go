@@ -282,6 +282,20 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	rep.Crashes = ws.unexpected()
+	if cfg.Race {
+		// A worker killed by the schedule never exits with the race
+		// detector's status: read every log for reports in Runnel's code.
+		logs, _ := filepath.Glob(filepath.Join(cfg.Dir, "*", "worker.log"))
+		for _, l := range logs {
+			ours, _, err := ourRaces(l)
+			if err != nil {
+				problem("race reports: %v", err)
+			}
+			if len(ours) > 0 {
+				problem("%d data race(s) in Runnel's code in %s, first at %s", len(ours), l, ours[0])
+			}
+		}
+	}
 	if cfg.BadValues && len(rep.Crashes) > 0 {
 		// Nothing in the schedule makes a worker exit on its own: with bad
 		// values in the input, an exit is the fleet-stopping record of

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestOurRaces reads two race reports the chaos workers printed: one inside
+// Sarama's transaction manager (IBM/sarama#2913; the goroutines were created
+// by Runnel's code, the racing accesses are Sarama's) and one between two of
+// Runnel's goroutines.
+func TestOurRaces(t *testing.T) {
+	sarama, err := os.ReadFile(filepath.Join("testdata", "race-sarama.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runnel, err := os.ReadFile(filepath.Join("testdata", "race-runnel.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name       string
+		log        string
+		ours, srm  int
+		firstFrame string
+	}{
+		{"sarama only", string(sarama), 0, 1, ""},
+		{"runnel", string(runnel), 1, 0, "github.com/runnel-dev/runnel/app.(*claimProducer).OpenBatch()"},
+		{"both, between log lines", "level=INFO msg=x\n" + string(sarama) + "\nlevel=INFO msg=y\n" + string(runnel) + "\n", 1, 1, "github.com/runnel-dev/runnel/app.(*claimProducer).OpenBatch()"},
+		{"none", "level=INFO msg=x\n", 0, 0, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "worker.log")
+			if err := os.WriteFile(p, []byte(c.log), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			ours, srm, err := ourRaces(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ours) != c.ours || srm != c.srm {
+				t.Fatalf("ours %d (%q), sarama %d; want %d, %d", len(ours), ours, srm, c.ours, c.srm)
+			}
+			if c.ours > 0 && !strings.HasPrefix(ours[0], c.firstFrame) {
+				t.Fatalf("first frame %q, want %q", ours[0], c.firstFrame)
+			}
+		})
+	}
+}
