@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -597,6 +599,8 @@ func verify(ctx context.Context, client sarama.Client, vi verifyInput) ([]Row, [
 func checkCycles(ctx context.Context, client sarama.Client, d table.Def, inputTopic string, offsets map[int32]map[string][]int64) (string, error) {
 	var checked, above, below int
 	var first []string
+	hist := map[int32]*writerHistory{}
+	bad := map[int32]bool{}
 	err := consumeAll(ctx, client, d.Changelog(), func(m *sarama.ConsumerMessage) {
 		k, v, err := d.Format(m.Key, m.Value)
 		n, isInt := v.(int64)
@@ -607,6 +611,10 @@ func checkCycles(ctx context.Context, client sarama.Client, d table.Def, inputTo
 		if !ok {
 			return
 		}
+		if hist[m.Partition] == nil {
+			hist[m.Partition] = &writerHistory{}
+		}
+		hist[m.Partition].add(m.Offset, st)
 		for _, src := range st.Sources {
 			if src.Topic != inputTopic {
 				continue
@@ -622,6 +630,7 @@ func checkCycles(ctx context.Context, client sarama.Client, d table.Def, inputTo
 			} else {
 				below++
 			}
+			bad[m.Partition] = true
 			if len(first) < 3 {
 				before := "absent"
 				if st.HasBefore && st.Before != nil {
@@ -640,8 +649,61 @@ func checkCycles(ctx context.Context, client sarama.Client, d table.Def, inputTo
 	if above+below == 0 {
 		return fmt.Sprintf("(all %d changelog records agree with their commit points)", checked), nil
 	}
-	return fmt.Sprintf("(%d of %d changelog records disagree with their commit points: %d above, %d below; first: %s)",
-		above+below, checked, above, below, strings.Join(first, "; ")), nil
+	var hs []string
+	for _, p := range slices.Sorted(maps.Keys(bad)) {
+		hs = append(hs, fmt.Sprintf("%s[%d] writers: %s", d.Name(), p, hist[p]))
+	}
+	return fmt.Sprintf("(%d of %d changelog records disagree with their commit points: %d above, %d below; first: %s; %s)",
+		above+below, checked, above, below, strings.Join(first, "; "), strings.Join(hs, "; ")), nil
+}
+
+// writerHistory is a changelog partition's committed records grouped into
+// runs of one writer epoch, in offset order: a diagnostic that shows where the
+// source offsets of one writer's cycles end and the next writer's begin (a
+// jump between them is a range of source records whose effects no changelog
+// record carries).
+type writerHistory struct{ runs []writerRun }
+
+type writerRun struct {
+	epoch             int64
+	from, to          int64            // changelog offsets
+	srcFirst, srcLast map[string]int64 // per source partition: the run's first and last stamp offsets
+	records           int
+}
+
+func (h *writerHistory) add(offset int64, st changelog.Stamp) {
+	if n := len(h.runs); n == 0 || h.runs[n-1].epoch != st.Epoch {
+		h.runs = append(h.runs, writerRun{epoch: st.Epoch, from: offset, srcFirst: map[string]int64{}, srcLast: map[string]int64{}})
+	}
+	r := &h.runs[len(h.runs)-1]
+	r.to = offset
+	r.records++
+	for _, src := range st.Sources {
+		k := fmt.Sprintf("%s[%d]", src.Topic, src.Partition)
+		if _, ok := r.srcFirst[k]; !ok {
+			r.srcFirst[k] = src.Offset
+		}
+		r.srcLast[k] = src.Offset
+	}
+}
+
+// String lists the runs: "epoch E @from-to (N records; topic[p] first-last ...)".
+func (h *writerHistory) String() string {
+	if h == nil {
+		return "none"
+	}
+	var b strings.Builder
+	for i, r := range h.runs {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "epoch %d @%d-%d (%d records;", r.epoch, r.from, r.to, r.records)
+		for _, k := range slices.Sorted(maps.Keys(r.srcFirst)) {
+			fmt.Fprintf(&b, " %s %d-%d", k, r.srcFirst[k], r.srcLast[k])
+		}
+		b.WriteString(")")
+	}
+	return b.String()
 }
 
 // waitCaughtUp waits until the group has processed every record of topics:

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/runnel-dev/runnel/changelog"
 )
 
 // TestOurRaces reads two race reports the chaos workers printed: one inside
@@ -47,5 +49,22 @@ func TestOurRaces(t *testing.T) {
 				t.Fatalf("first frame %q, want %q", ours[0], c.firstFrame)
 			}
 		})
+	}
+}
+
+// TestWriterHistory groups changelog records into runs of one writer epoch
+// with the range of source offsets each run's stamps carry.
+func TestWriterHistory(t *testing.T) {
+	var h writerHistory
+	src := func(off int64) []changelog.Source {
+		return []changelog.Source{{Topic: "in", Partition: 5, Offset: off}, {Topic: "rp", Partition: 5, Offset: off * 2}}
+	}
+	h.add(0, changelog.Stamp{Epoch: 1, Sources: src(10)})
+	h.add(1, changelog.Stamp{Epoch: 1, Sources: src(20)})
+	h.add(3, changelog.Stamp{Epoch: 2, Sources: src(900)})
+	h.add(4, changelog.Stamp{Epoch: 1, Sources: src(30)})
+	want := "epoch 1 @0-1 (2 records; in[5] 10-20 rp[5] 20-40), epoch 2 @3-3 (1 records; in[5] 900-900 rp[5] 1800-1800), epoch 1 @4-4 (1 records; in[5] 30-30 rp[5] 60-60)"
+	if got := h.String(); got != want {
+		t.Fatalf("got  %s\nwant %s", got, want)
 	}
 }
