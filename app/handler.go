@@ -111,8 +111,15 @@ func (h *handler) restore(ctx context.Context, topic string, p int32) ([]restore
 	a := w.strategy.Current()
 	var acquired []restoreKey
 	for _, t := range w.tables {
-		if t.parts != src.Partitions || !slices.Contains(a.Actives[t.state.Topic()], p) {
+		if t.parts != src.Partitions {
 			continue
+		}
+		if !slices.Contains(a.Actives[t.state.Topic()], p) {
+			// A newer assignment than the claim's revoked the partition
+			// (the strategy's assignment is updated before the claims are
+			// cancelled): processing it without its tables would commit
+			// offsets whose table writes no cycle flushes.
+			return acquired, fmt.Errorf("%s[%d]: %w", topic, p, errClaimRevoked)
 		}
 		k := restoreKey{t.def.Name(), p}
 		acquired = append(acquired, k)
@@ -123,6 +130,10 @@ func (h *handler) restore(ctx context.Context, topic string, p int32) ([]restore
 	return acquired, nil
 }
 
+// errClaimRevoked: a claim's partition is no longer active in the worker's
+// current assignment (a newer generation revoked it before the claim ran).
+var errClaimRevoked = errors.New("claim revoked by a newer assignment")
+
 func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	w := h.w
 	topic, p := claim.Topic(), claim.Partition()
@@ -132,6 +143,13 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	defer w.metrics.trackClaim(claim)()
 	acquired, err := h.restore(ctx, topic, p)
 	defer w.parts.release(acquired)
+	if errors.Is(err, errClaimRevoked) {
+		// Its cancellation is on the way (Worker.onAssignment, or the
+		// revoke of a cooperative rebalance, or the session's end).
+		w.log.Debug("claim not active in the current assignment; waiting for its revoke", "topic", topic, "partition", p)
+		<-ctx.Done()
+		return nil
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -116,6 +117,13 @@ func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []ta
 		ts.m = map[taskKey]*taskRun{}
 	}
 	if tr := ts.m[k]; tr != nil {
+		// Every claim of a task brings the same tables (all those
+		// co-partitioned with the task, active in one assignment): a claim
+		// whose tables the task does not cut would commit offsets whose
+		// table writes no cycle flushes.
+		if !sameTables(tr.t.Tables, states) {
+			return nil, fmt.Errorf("task %d/%d: a claim brings tables %v, the task runs %v", k.p, k.parts, tableNames(states), tableNames(tr.t.Tables))
+		}
 		tr.refs++
 		return tr, nil
 	}
@@ -671,4 +679,21 @@ func (w *Worker) idleCommit() time.Duration {
 		return d
 	}
 	return min(max(w.cfg.CommitInterval/10, 20*time.Millisecond), 200*time.Millisecond)
+}
+
+// sameTables reports whether a and b hold the same tables (by name, in any
+// order).
+func sameTables(a, b []table.Cutter) bool {
+	x, y := tableNames(a), tableNames(b)
+	slices.Sort(x)
+	slices.Sort(y)
+	return slices.Equal(x, y)
+}
+
+func tableNames(ts []table.Cutter) []string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = t.Name()
+	}
+	return out
 }
