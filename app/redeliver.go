@@ -201,6 +201,16 @@ func (pt *partition) run(ctx context.Context) error {
 			pt.task.t.Add(prod)
 		}
 		err, again := pt.incarnation(ctx, prod)
+		if again && w.txn != nil && !pt.task.failedNow() {
+			// ExactlyOnce: the open transaction holds what this partition's
+			// records sent since the last cycle, and it is the worker's, so
+			// every partition goes back to its committed offsets (txn.go).
+			// Aborted before the source leaves the task: a cycle in between
+			// would cut the task's caches, which hold writes of this
+			// source's records after its commit point, without waiting for
+			// them to resolve and without this source's offset.
+			w.txn.abort(fmt.Errorf("%s failed: %w", pt.key, err))
+		}
 		// A task fed by other claims too, or abandoned by its own cycles
 		// (its cycle loop ended), cannot restart in place.
 		shared := false
@@ -210,12 +220,6 @@ func (pt *partition) run(ctx context.Context) error {
 		}
 		if !again {
 			return err
-		}
-		if w.txn != nil && !pt.task.failedNow() {
-			// ExactlyOnce: the open transaction holds what this partition's
-			// records sent since the last cycle, and it is the worker's, so
-			// every partition goes back to its committed offsets (txn.go).
-			w.txn.abort(fmt.Errorf("%s failed: %w", pt.key, err))
 		}
 		shared = shared || w.txn != nil
 		from = prod.resumeOffset()
