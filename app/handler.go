@@ -38,6 +38,10 @@ type restoreKey struct {
 type restoreGate struct {
 	done chan struct{} // closed when the restore ended
 	err  error         // its outcome; written before done closes
+	// committed are the group's committed offsets the restore used
+	// (changelog.SkipUncommitted): the store holds the effects of exactly
+	// the source records below them. Written before done closes.
+	committed map[string]map[int32]int64
 }
 
 func (h *handler) Setup(sess sarama.ConsumerGroupSession) error {
@@ -102,7 +106,7 @@ func (w *Worker) setReady(r bool) {
 // co-partitioned with topic up to the end of its changelog, once per
 // activation (Worker.parts). It returns the partitions it acquired, which the
 // claim releases when it ends, also on error.
-func (h *handler) restore(ctx context.Context, topic string, p int32) ([]restoreKey, error) {
+func (h *handler) restore(ctx context.Context, topic string, p int32, start int64) ([]restoreKey, error) {
 	w := h.w
 	src, _ := w.graph.Topic(topic)
 	if err := w.globalsCatchUp(ctx, src.Partitions, p); err != nil {
@@ -123,7 +127,7 @@ func (h *handler) restore(ctx context.Context, topic string, p int32) ([]restore
 		}
 		k := restoreKey{t.def.Name(), p}
 		acquired = append(acquired, k)
-		if err := w.parts.acquire(ctx, k); err != nil {
+		if err := w.parts.acquire(ctx, k, topic, start); err != nil {
 			return acquired, err
 		}
 	}
@@ -141,14 +145,27 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	ctx, claimDone := w.claimContext(sess, topic, p) // ends on revoke (cooperative) or session end
 	defer claimDone()
 	defer w.metrics.trackClaim(claim)()
-	acquired, err := h.restore(ctx, topic, p)
+	acquired, err := h.restore(ctx, topic, p, claim.InitialOffset())
 	defer w.parts.release(acquired)
 	if errors.Is(err, errClaimRevoked) {
-		// Its cancellation is on the way (Worker.onAssignment, or the
-		// revoke of a cooperative rebalance, or the session's end).
-		w.log.Debug("claim not active in the current assignment; waiting for its revoke", "topic", topic, "partition", p)
-		<-ctx.Done()
+		// Sarama's revoke of the claim (the reconciliation of the newer
+		// assignment) or the session's end closes its messages; returning
+		// before would end the whole session.
+		w.log.Info("claim not active in the current assignment; waiting for its revoke", "topic", topic, "partition", p)
+		for range claim.Messages() {
+		}
 		return nil
+	}
+	if errors.Is(err, errStartMismatch) {
+		// Nothing may commit on top of a store out of step with the
+		// claims: the task (under ExactlyOnce, the worker's transaction)
+		// is abandoned, the session restarts and the partition is rebuilt.
+		src, _ := w.graph.Topic(topic)
+		if w.txn != nil {
+			w.txn.abort(err)
+		} else {
+			w.tasks.abandonKey(taskKey{src.Partitions, p}, err)
+		}
 	}
 	if err != nil {
 		if ctx.Err() != nil {

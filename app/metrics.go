@@ -39,6 +39,7 @@ type metrics struct {
 	restored  *prometheus.CounterVec
 
 	restarts        *prometheus.CounterVec
+	startMismatch   *prometheus.CounterVec
 	taskTransitions *prometheus.CounterVec
 	cycleRecords    prometheus.Counter
 	cycleSeconds    prometheus.Histogram
@@ -130,6 +131,8 @@ func newMetrics(w *Worker) *metrics {
 			"Changelog records replayed into local stores by active restores (added when a restore ends).", "table"),
 		restarts: counter("runnel_partition_restarts_total",
 			"Partition restarts in place after a failed record (redelivery from the last commit point).", "topic"),
+		startMismatch: counter("runnel_claim_start_mismatches_total",
+			"Claims that would have started at another offset than the one their table partition was restored to (the partition is rebuilt; should stay 0).", "table"),
 		taskTransitions: counter("runnel_task_transitions_total",
 			"Task state transitions, by the state entered.", "to"),
 		processed: counter("runnel_records_processed_total",
@@ -167,7 +170,7 @@ func newMetrics(w *Worker) *metrics {
 		Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)})
 	m.generation = prometheus.NewGauge(prometheus.GaugeOpts{Name: "runnel_group_generation",
 		Help: "Consumer group generation of this member's latest assignment."})
-	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.taskTransitions, m.cycleRecords, m.cycleSeconds, m.cycleSize,
+	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.startMismatch, m.taskTransitions, m.cycleRecords, m.cycleSeconds, m.cycleSize,
 		m.processed, m.sent, m.retried, m.deadLetters, m.ackTimeouts, m.cacheFlushes, m.restoreLeft, m.restoreRate,
 		m.rebalances, m.rebalanceDur, m.generation, m.timerFirings,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -90,6 +90,16 @@ func (tr *taskRun) abandon(ts *taskSet, err error) {
 	tr.fail.Do(func() { close(tr.failed) })
 }
 
+// abandonKey abandons the running task k, if any (see taskRun.abandon).
+func (ts *taskSet) abandonKey(k taskKey, err error) {
+	ts.mu.Lock()
+	tr := ts.m[k]
+	ts.mu.Unlock()
+	if tr != nil {
+		tr.abandon(ts, err)
+	}
+}
+
 // taskSet holds the worker's running tasks.
 type taskSet struct {
 	w  *Worker

@@ -722,6 +722,10 @@ type tablePart struct {
 	// set and cleared with stopFollow: nil when no follower runs or it was
 	// told to stop.
 	handoff *changelog.Handoff
+	// rebuild: a claim found the store out of step with where it starts
+	// (checkStart); the next activation wipes the partition and restores
+	// it from the start of its changelog.
+	rebuild bool
 }
 
 // tableParts tracks every table partition of a worker across group sessions;
@@ -821,7 +825,7 @@ func (tp *tableParts) setFollowed(want, active map[string][]int32) {
 // starts the activation promotes or stops its follower and restores it once
 // (every other claim of the activation waits for that) and marks it
 // writable.
-func (tp *tableParts) acquire(ctx context.Context, k restoreKey) error {
+func (tp *tableParts) acquire(ctx context.Context, k restoreKey, topic string, start int64) error {
 	t := tp.w.tableByName(k.table)
 	tp.mu.Lock()
 	p := tp.get(k)
@@ -835,18 +839,25 @@ func (tp *tableParts) acquire(ctx context.Context, k restoreKey) error {
 	var stopFollow context.CancelFunc
 	var handoff *changelog.Handoff
 	var followDone chan struct{}
+	rebuild := false
 	if first {
 		p.gate = &restoreGate{done: make(chan struct{})}
 		stopFollow, handoff, followDone = p.stopFollow, p.handoff, p.followDone
 		p.stopFollow, p.handoff = nil, nil
+		rebuild, p.rebuild = p.rebuild, false
 	}
 	g := p.gate
 	tp.mu.Unlock()
 	w := tp.w
 	if first {
 		defer close(g.done)
-		res, err := w.promoteOrRestore(ctx, t, k, stopFollow, handoff, followDone)
+		res, committed, err := w.promoteOrRestore(ctx, t, k, stopFollow, handoff, followDone, rebuild)
 		if err != nil {
+			g.err = err
+			return err
+		}
+		g.committed = committed
+		if err := tp.checkStart(k, g, topic, start); err != nil {
 			g.err = err
 			return err
 		}
@@ -869,7 +880,48 @@ func (tp *tableParts) acquire(ctx context.Context, k restoreKey) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	return g.err
+	if g.err != nil {
+		return g.err
+	}
+	return tp.checkStart(k, g, topic, start)
+}
+
+// testRestoreOffsets, set by tests only, changes the committed offsets an
+// activation's restore uses, as offsets that moved between the claim's fetch
+// and the restore's would (checkStart).
+var testRestoreOffsets func(m map[string]map[int32]int64)
+
+// errStartMismatch: a claim would start at another offset than the one the
+// activation's restore took as committed for its partition.
+var errStartMismatch = errors.New("claim start differs from the committed offset the table was restored to")
+
+// checkStart checks the invariant that makes a claim's records and its
+// task's tables agree: the store holds the effects of exactly the source
+// records below the committed offsets the restore used (g.committed), so
+// the claim of topic partition k.p must start at that offset. The claim's
+// start was fetched before the restore's offsets (Sarama fetches it before
+// the claim runs), and no other member commits the partition's offsets while
+// it is handed over, so the two agree; when they do not (offsets that moved
+// between the two fetches, by a path this check exists to catch), the store
+// would either lack effects the start skips (lost updates) or hold effects
+// of records processed again (double counts). The partition is then marked
+// for a rebuild and errStartMismatch returned: the claim fails, the session
+// restarts, and the next activation restores the store from the start of
+// its changelog under the offsets of that moment. start < 0 (Sarama's
+// sentinel for a partition the group never committed) matches an offset of
+// 0 or none.
+func (tp *tableParts) checkStart(k restoreKey, g *restoreGate, topic string, start int64) error {
+	want, ok := g.committed[topic][k.p]
+	if !ok || (start < 0 && want <= 0) || start == want {
+		return nil
+	}
+	tp.mu.Lock()
+	tp.get(k).rebuild = true
+	tp.mu.Unlock()
+	tp.w.log.Error("a claim's start offset differs from the committed offset its table partition was restored to; the partition will be rebuilt",
+		"table", k.table, "partition", k.p, "topic", topic, "claim_start", start, "restored_to", want)
+	tp.w.metrics.startMismatch.WithLabelValues(k.table).Inc()
+	return fmt.Errorf("%s[%d]: table %s: claim starts at %d, table restored to committed offset %d: %w", topic, k.p, k.table, start, want, errStartMismatch)
 }
 
 // promoteOrRestore brings table partition k up to its changelog's highwater
@@ -880,7 +932,7 @@ func (tp *tableParts) acquire(ctx context.Context, k restoreKey) error {
 // the store ends as Restore under the group's committed offsets of now (after
 // the previous owner's final commit) leaves it. stop, h and done are the
 // follower's, nil when none runs.
-func (w *Worker) promoteOrRestore(ctx context.Context, t *tableRuntime, k restoreKey, stop context.CancelFunc, h *changelog.Handoff, done chan struct{}) (changelog.Result, error) {
+func (w *Worker) promoteOrRestore(ctx context.Context, t *tableRuntime, k restoreKey, stop context.CancelFunc, h *changelog.Handoff, done chan struct{}, rebuild bool) (changelog.Result, map[string]map[int32]int64, error) {
 	if stop == nil {
 		stop = func() {}
 		h = nil // cannot happen: the two are set and cleared together
@@ -888,9 +940,15 @@ func (w *Worker) promoteOrRestore(ctx context.Context, t *tableRuntime, k restor
 	m, err := w.committedOffsets()
 	if err != nil {
 		stop()
-		return changelog.Result{}, err
+		return changelog.Result{}, nil, err
+	}
+	if testRestoreOffsets != nil {
+		testRestoreOffsets(m)
 	}
 	committed := committedFunc(m)
+	if rebuild {
+		h = nil // the standby's store is the one to rebuild
+	}
 	if h != nil {
 		res, err := h.Promote(ctx, committed, done)
 		stop() // a follower that promoted has ended or is ending
@@ -900,9 +958,9 @@ func (w *Worker) promoteOrRestore(ctx context.Context, t *tableRuntime, k restor
 			select {
 			case <-done:
 			case <-ctx.Done():
-				return res, ctx.Err()
+				return res, m, ctx.Err()
 			}
-			return res, err
+			return res, m, err
 		}
 		w.log.Debug("standby not promoted; restoring", "table", k.table, "partition", k.p, "err", err)
 	} else {
@@ -912,10 +970,18 @@ func (w *Worker) promoteOrRestore(ctx context.Context, t *tableRuntime, k restor
 		select {
 		case <-done:
 		case <-ctx.Done():
-			return changelog.Result{}, ctx.Err()
+			return changelog.Result{}, m, ctx.Err()
 		}
 	}
-	return w.restorer.Restore(ctx, t.state.Topic(), k.p, t.store, changelog.SkipUncommitted(committed))
+	if rebuild {
+		w.log.Warn("rebuilding the table partition from the start of its changelog", "table", k.table, "partition", k.p)
+		if err := t.store.DropPartition(k.p); err != nil {
+			return changelog.Result{}, m, fmt.Errorf("rebuild %s[%d]: %w", k.table, k.p, err)
+		}
+	}
+	res, err := w.restorer.Restore(ctx, t.state.Topic(), k.p, t.store, changelog.SkipUncommitted(committed))
+	res.Rebuilt = res.Rebuilt || rebuild
+	return res, m, err
 }
 
 // release ends one claim's hold on each of keys; a partition whose last claim
