@@ -282,6 +282,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	rep.Crashes = ws.unexpected()
+	if logs, err := filepath.Glob(filepath.Join(cfg.Dir, "*", "worker.log")); err == nil {
+		for _, l := range logs {
+			b, err := os.ReadFile(l)
+			if err != nil {
+				continue
+			}
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.Contains(line, "claim's start offset differs") {
+					rep.Rebuilds = append(rep.Rebuilds, filepath.Base(filepath.Dir(l))+": "+line)
+				}
+			}
+		}
+	}
 	if cfg.Race {
 		// A worker killed by the schedule never exits with the race
 		// detector's status: read every log for reports in Runnel's code.
