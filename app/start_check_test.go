@@ -100,19 +100,7 @@ func claimStartChecked(t *testing.T, g Guarantee) {
 	if got := last(); got != "20" {
 		t.Fatalf("count[x] = %s after 20 records, want 20", got)
 	}
-	mfs, err := w.metrics.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n float64
-	for _, mf := range mfs {
-		if mf.GetName() == "runnel_claim_start_mismatches_total" {
-			for _, m := range mf.GetMetric() {
-				n += m.GetCounter().GetValue()
-			}
-		}
-	}
-	if n < 1 {
+	if n, _ := counterSum(t, w.metrics, "runnel_claim_start_mismatches_total"); n < 1 {
 		t.Fatalf("start mismatches counted: %v, want at least 1", n)
 	}
 }

@@ -16,7 +16,6 @@ type namedCutter string
 func (n namedCutter) Name() string          { return string(n) }
 func (n namedCutter) Cut(int32) table.Cycle { return nil }
 func (n namedCutter) Drop(int32)            {}
-func (n namedCutter) String() string        { return string(n) }
 
 // TestTaskJoinRefusesOtherTables: the claims of one task (the co-partitioned
 // topics' partitions p) must bring the same tables. A claim that joined with

@@ -30,6 +30,23 @@ func (f *ackFixture) readCommitted(topic string) map[string]int {
 func (f *ackFixture) readCommittedRecords(topic string) []*sarama.ConsumerMessage {
 	f.t.Helper()
 	f.waitTopic(topic)
+	// The embedded broker compacts at once: a read from the log start can
+	// find it moved (the partition consumer then closes); read again.
+	for attempt := 0; ; attempt++ {
+		out, closedAt, ok := f.readCommittedOnce(topic)
+		if ok {
+			return out
+		}
+		if attempt == 4 {
+			f.t.Fatalf("read %s (read_committed): the partition consumer closed at %d five times", topic, closedAt)
+		}
+	}
+}
+
+// readCommittedOnce is one read of readCommittedRecords; ok is false when the
+// partition consumer closed at closedAt before the read ended.
+func (f *ackFixture) readCommittedOnce(topic string) (out []*sarama.ConsumerMessage, closedAt int64, ok bool) {
+	f.t.Helper()
 	cfg := testbroker.SaramaConfig(f.t)
 	cfg.Consumer.IsolationLevel = sarama.ReadCommitted
 	client, err := sarama.NewClient(f.brokers, cfg)
@@ -52,15 +69,17 @@ func (f *ackFixture) readCommittedRecords(topic string) []*sarama.ConsumerMessag
 	}
 	defer pc.Close()
 	rs := &changelog.Restorer{Client: client}
-	var out []*sarama.ConsumerMessage
 	next := int64(0)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if to, err := rs.SkipControl(topic, 0, next); err == nil && to >= hwm {
-			return out
+			return out, next, true
 		}
 		select {
-		case m := <-pc.Messages():
+		case m, open := <-pc.Messages():
+			if !open {
+				return nil, next, false
+			}
 			out = append(out, m)
 			next = m.Offset + 1
 		case <-time.After(100 * time.Millisecond):

@@ -34,14 +34,7 @@ func TestOurRaces(t *testing.T) {
 		{"none", "level=INFO msg=x\n", 0, 0, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			p := filepath.Join(t.TempDir(), "worker.log")
-			if err := os.WriteFile(p, []byte(c.log), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			ours, srm, err := ourRaces(p)
-			if err != nil {
-				t.Fatal(err)
-			}
+			ours, srm := ourRaces(c.log)
 			if len(ours) != c.ours || srm != c.srm {
 				t.Fatalf("ours %d (%q), sarama %d; want %d, %d", len(ours), ours, srm, c.ours, c.srm)
 			}

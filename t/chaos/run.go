@@ -282,29 +282,24 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	rep.Crashes = ws.unexpected()
-	if logs, err := filepath.Glob(filepath.Join(cfg.Dir, "*", "worker.log")); err == nil {
-		for _, l := range logs {
-			b, err := os.ReadFile(l)
-			if err != nil {
-				continue
-			}
-			for _, line := range strings.Split(string(b), "\n") {
-				if strings.Contains(line, "claim's start offset differs") {
-					rep.Rebuilds = append(rep.Rebuilds, filepath.Base(filepath.Dir(l))+": "+line)
-				}
+	// Every worker log once: start-mismatch rebuilds, and (a worker killed
+	// by the schedule never exits with the race detector's status) race
+	// reports in Runnel's code.
+	logs, _ := filepath.Glob(filepath.Join(cfg.Dir, "*", "worker.log"))
+	for _, l := range logs {
+		b, err := os.ReadFile(l)
+		if err != nil {
+			problem("read %s: %v", l, err)
+			continue
+		}
+		text := string(b)
+		for _, line := range strings.Split(text, "\n") {
+			if strings.Contains(line, "claim's start offset differs") {
+				rep.Rebuilds = append(rep.Rebuilds, filepath.Base(filepath.Dir(l))+": "+line)
 			}
 		}
-	}
-	if cfg.Race {
-		// A worker killed by the schedule never exits with the race
-		// detector's status: read every log for reports in Runnel's code.
-		logs, _ := filepath.Glob(filepath.Join(cfg.Dir, "*", "worker.log"))
-		for _, l := range logs {
-			ours, _, err := ourRaces(l)
-			if err != nil {
-				problem("race reports: %v", err)
-			}
-			if len(ours) > 0 {
+		if cfg.Race {
+			if ours, _ := ourRaces(text); len(ours) > 0 {
 				problem("%d data race(s) in Runnel's code in %s, first at %s", len(ours), l, ours[0])
 			}
 		}
