@@ -1,11 +1,14 @@
 package app
 
 import (
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
 	"testing"
 
+	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/stores"
 	"github.com/runnel-dev/runnel/table"
 )
 
@@ -46,3 +49,41 @@ func TestTaskJoinRefusesOtherTables(t *testing.T) {
 		t.Fatalf("refs %d, want 2 (the refused claims do not count)", tr.refs)
 	}
 }
+
+// TestTaskOwnsItsTables: a task owns the table partitions it cuts from its
+// first claim to its last (takeTable, releaseTable); the worker's tables
+// accept writes only meanwhile (table.State.OwnedWrites).
+func TestTaskOwnsItsTables(t *testing.T) {
+	w := &Worker{log: slog.New(slog.NewTextHandler(io.Discard, nil)), txn: &txnCycles{pending: map[*taskRun]struct{}{}}}
+	w.metrics = newMetrics(w)
+	w.tasks.w = w
+	def := table.New(&testHost{}, "counts", codec.String(), codec.DecimalInt64(), table.Partitions(8))
+	st := table.NewState(def, 8, stores.NewMemory(), nil)
+	st.OwnedWrites = true
+	if err := st.SetActive(5, true); err != nil {
+		t.Fatal(err)
+	}
+	k := taskKey{8, 5}
+	if _, err := w.tasks.join(k, nil, []table.Cutter{st}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.tasks.join(k, nil, []table.Cutter{st}); err != nil {
+		t.Fatalf("the task's second claim: %v", err)
+	}
+	if err := st.Own(5); !errors.Is(err, table.ErrOwned) {
+		t.Fatalf("partition 5 while the task runs: Own = %v, want ErrOwned", err)
+	}
+	w.tasks.leave(k)
+	if err := st.Own(5); !errors.Is(err, table.ErrOwned) {
+		t.Fatalf("partition 5 while the task has a claim left: Own = %v, want ErrOwned", err)
+	}
+	w.tasks.leave(k)
+	if err := st.Own(5); err != nil {
+		t.Fatalf("partition 5 after the task closed: Own = %v, want nil (released)", err)
+	}
+}
+
+type testHost struct{}
+
+func (testHost) AppID() string           { return "app" }
+func (testHost) RegisterTable(table.Def) {}

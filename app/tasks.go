@@ -117,6 +117,39 @@ type activator interface {
 	Deactivate(p int32)
 }
 
+// owner is a table runtime whose partitions accept writes only while a task
+// owns them (table.State with OwnedWrites).
+type owner interface {
+	Own(p int32) error
+	Disown(p int32)
+}
+
+// takeTable makes a new task the writer of partition p of st: a global
+// table's partition is activated, a table's owned. Invariant (with
+// table.State.OwnedWrites): a table partition accepts writes only while
+// exactly one running task cuts it, so no write waits in a cache that no
+// cycle flushes while its record's offset commits. Errors: the activation's,
+// table.ErrOwned.
+func takeTable(st table.Cutter, p int32) error {
+	switch t := st.(type) {
+	case activator:
+		return t.Activate(p)
+	case owner:
+		return t.Own(p)
+	}
+	return nil
+}
+
+// releaseTable undoes takeTable when the task closes.
+func releaseTable(st table.Cutter, p int32) {
+	switch t := st.(type) {
+	case activator:
+		t.Deactivate(p)
+	case owner:
+		t.Disown(p)
+	}
+}
+
 // join returns the task of k for a claim of sess, starting it (and its cycle
 // loop) for the first claim; leave ends the claim's use. Errors: activating
 // a global table's partition (reading its store's marks).
@@ -138,15 +171,11 @@ func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []ta
 		return tr, nil
 	}
 	for i, st := range states {
-		if a, ok := st.(activator); ok {
-			if err := a.Activate(k.p); err != nil {
-				for _, prev := range states[:i] {
-					if a, ok := prev.(activator); ok {
-						a.Deactivate(k.p)
-					}
-				}
-				return nil, err
+		if err := takeTable(st, k.p); err != nil {
+			for _, prev := range states[:i] {
+				releaseTable(prev, k.p)
 			}
+			return nil, err
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -233,9 +262,7 @@ func (ts *taskSet) leave(k taskKey) {
 		tr.cancel()
 		<-tr.done
 		for _, st := range tr.t.Tables {
-			if a, ok := st.(activator); ok {
-				a.Deactivate(k.p)
-			}
+			releaseTable(st, k.p)
 		}
 		ts.set(tr, TaskClosed)
 		if ts.w.txn != nil {

@@ -427,7 +427,9 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 			return fmt.Errorf("open store of table %s: %w", tt.Name, err)
 		}
 		closers = append(closers, st.Close)
-		rt := &tableRuntime{def: def, parts: tt.Partitions, store: st, state: table.NewState(def, tt.Partitions, st, sendChangelog)}
+		state := table.NewState(def, tt.Partitions, st, sendChangelog)
+		state.OwnedWrites = true // a write no task cuts fails (tasks.go, takeTable)
+		rt := &tableRuntime{def: def, parts: tt.Partitions, store: st, state: state}
 		nparts := tt.Partitions
 		rt.state.CacheBytes = w.cfg.CacheBytes
 		rt.state.OnFull = func(p int32) { w.metrics.cacheFlushes.WithLabelValues(tt.Name).Inc(); w.tasks.wake(taskKey{nparts, p}) }

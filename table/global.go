@@ -307,23 +307,14 @@ func (s *GlobalState) noteApplied(p int32, offset int64, reset bool) {
 }
 
 func (s *GlobalState) write(ev Event, key, value []byte, del bool) error {
-	p := ev.Partition()
-	if q := kafka.PartitionFor(key, s.partitions); q != p {
-		return fmt.Errorf("table %s: write of key %q from partition %d: the key belongs to partition %d: %w", s.name, key, p, q, ErrNotCoPartitioned)
+	p, err := s.partitionOf(ev, key, key)
+	if err != nil {
+		return err
 	}
 	s.mu.Lock()
 	ps := s.caches[p]
 	s.mu.Unlock()
-	if ps == nil {
-		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrNotActive)
-	}
-	if wc, ok := ev.(windowChecker); ok && !wc.InWindow() {
-		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrOutsideWindow)
-	}
-	if ps.put(string(key), value, del, s.CacheBytes) && s.OnFull != nil {
-		s.OnFull(p)
-	}
-	return nil
+	return s.cache(ev, p, ps, key, value, del, s.CacheBytes, s.OnFull)
 }
 
 // Activate makes partition p writable by this worker (its task started): a

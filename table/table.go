@@ -390,9 +390,20 @@ type State struct {
 	// OnFull, if set, is called (without locks held) when partition p's cache
 	// reached CacheBytes; the worker asks p's task for a cycle.
 	OnFull func(p int32)
+	// OwnedWrites, set before the first write, makes an active partition
+	// writable only while a task owns it (Own): a write no task's cycle
+	// would cut fails with ErrNotActive instead of waiting in a cache that
+	// is never flushed while the records' offsets commit (lost updates).
+	// The worker sets it; replay's scratch tables and standalone uses,
+	// which cut by hand, leave it off.
+	OwnedWrites bool
 
 	mu    sync.Mutex
 	parts map[int32]*partState // active partitions; guarded by mu
+	// owned are the partitions a task cuts (Own); guarded by mu. Kept
+	// across SetActive, so that a task that resets a partition in place
+	// keeps owning it.
+	owned map[int32]bool
 
 	hits, misses atomic.Int64 // reads answered by the caches, by the store (CacheStats)
 }
@@ -419,7 +430,33 @@ type cacheItem struct {
 
 // NewState creates the runtime of table d with the given store and producer.
 func NewState(d Def, partitions int32, st stores.Store, send ChangelogSendFunc) *State {
-	return &State{stateBase: newStateBase(d, partitions, st, send), parts: map[int32]*partState{}}
+	return &State{stateBase: newStateBase(d, partitions, st, send), parts: map[int32]*partState{}, owned: map[int32]bool{}}
+}
+
+// ErrOwned is returned by Own for a partition another task already owns.
+var ErrOwned = errors.New("partition is already owned by another task")
+
+// Own makes the calling task the owner of partition p: with OwnedWrites, the
+// partition accepts writes until Disown, and the owner's cycles are the only
+// ones that cut it. Errors: ErrOwned when another task owns p (two tasks
+// cutting one partition would each commit offsets for writes the other
+// flushed).
+func (s *State) Own(p int32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.owned[p] {
+		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrOwned)
+	}
+	s.owned[p] = true
+	return nil
+}
+
+// Disown ends the ownership Own gave: with OwnedWrites, writes to p fail
+// until a task owns it again.
+func (s *State) Disown(p int32) {
+	s.mu.Lock()
+	delete(s.owned, p)
+	s.mu.Unlock()
 }
 
 // Store returns the table's store.
@@ -555,19 +592,42 @@ func (s *State) write(ev Event, key, value []byte, del bool) error {
 // of key: a windowed table stores key+window start, and the partition is that
 // of the table key alone (window.go).
 func (s *State) writeRouted(ev Event, route, key, value []byte, del bool) error {
-	p := ev.Partition()
-	if q := kafka.PartitionFor(route, s.partitions); q != p {
-		return fmt.Errorf("table %s: write of key %q from partition %d: the key belongs to partition %d: %w", s.name, key, p, q, ErrNotCoPartitioned)
+	p, err := s.partitionOf(ev, route, key)
+	if err != nil {
+		return err
 	}
-	ps := s.part(p)
+	s.mu.Lock()
+	ps, owned := s.parts[p], s.owned[p] || !s.OwnedWrites
+	s.mu.Unlock()
+	if ps != nil && !owned {
+		return fmt.Errorf("table %s[%d]: no running task cuts the partition: %w", s.name, p, ErrNotActive)
+	}
+	return s.cache(ev, p, ps, key, value, del, s.CacheBytes, s.OnFull)
+}
+
+// partitionOf returns the partition of ev, which route must belong to
+// (ErrNotCoPartitioned otherwise; key names the write in the error).
+func (b *stateBase) partitionOf(ev Event, route, key []byte) (int32, error) {
+	p := ev.Partition()
+	if q := kafka.PartitionFor(route, b.partitions); q != p {
+		return p, fmt.Errorf("table %s: write of key %q from partition %d: the key belongs to partition %d: %w", b.name, key, p, q, ErrNotCoPartitioned)
+	}
+	return p, nil
+}
+
+// cache puts a checked write into partition p's write cache ps (nil: the
+// partition is not active here, ErrNotActive) unless ev's window closed
+// (ErrOutsideWindow), and calls onFull (if set) when the cache reached limit
+// bytes. State and GlobalState write through it.
+func (b *stateBase) cache(ev Event, p int32, ps *partState, key, value []byte, del bool, limit int, onFull func(int32)) error {
 	if ps == nil {
-		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrNotActive)
+		return fmt.Errorf("table %s[%d]: %w", b.name, p, ErrNotActive)
 	}
 	if wc, ok := ev.(windowChecker); ok && !wc.InWindow() {
-		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrOutsideWindow)
+		return fmt.Errorf("table %s[%d]: %w", b.name, p, ErrOutsideWindow)
 	}
-	if ps.put(string(key), value, del, s.CacheBytes) && s.OnFull != nil {
-		s.OnFull(p)
+	if ps.put(string(key), value, del, limit) && onFull != nil {
+		onFull(p)
 	}
 	return nil
 }
