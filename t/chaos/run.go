@@ -282,7 +282,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	rep.Crashes = ws.unexpected()
-	// Every worker log once: start-mismatch rebuilds, and (a worker killed
+	// Every worker log once: start-mismatch rebuilds, refused table writes,
+	// and (a worker killed
 	// by the schedule never exits with the race detector's status) race
 	// reports in Runnel's code.
 	logs, _ := filepath.Glob(filepath.Join(cfg.Dir, "*", "worker.log"))
@@ -296,6 +297,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		for _, line := range strings.Split(text, "\n") {
 			if strings.Contains(line, "claim's start offset differs") {
 				rep.Rebuilds = append(rep.Rebuilds, filepath.Base(filepath.Dir(l))+": "+line)
+			}
+			if strings.Contains(line, "no running task cuts the partition") {
+				rep.Unowned = append(rep.Unowned, filepath.Base(filepath.Dir(l))+": "+line)
 			}
 		}
 		if cfg.Race {

@@ -62,7 +62,12 @@ type Report struct {
 	// the worker rebuilds (app.checkStart). Not a failure of the run, but
 	// the trace of an anomaly upstream.
 	Rebuilds []string
-	Elapsed  time.Duration
+	// Unowned are the workers' table writes refused because no running task
+	// cuts the partition (table.State.OwnedWrites): the record fails and is
+	// redelivered, so not a failure of the run, but a claim that ran
+	// without its task's tables, the state that lost updates in CI once.
+	Unowned []string
+	Elapsed time.Duration
 }
 
 // OK reports whether the run met its guarantee.
@@ -102,6 +107,9 @@ func (r *Report) Write(w io.Writer) {
 	}
 	for _, c := range r.Rebuilds {
 		fmt.Fprintf(w, "  start mismatch (partition rebuilt): %s\n", c)
+	}
+	for _, c := range r.Unowned {
+		fmt.Fprintf(w, "  write refused (no task cuts the partition): %s\n", c)
 	}
 	for _, p := range r.Problems {
 		fmt.Fprintf(w, "  PROBLEM: %s\n", p)
