@@ -309,66 +309,15 @@ func (w *Worker) flushBudget() time.Duration {
 	return max(r, 30*time.Second)
 }
 
-// firstCheck is how often a new task looks whether its sources handed out a
-// record yet, for its first cycle (taskSet.loop).
-const firstCheck = 10 * time.Millisecond
-
-// loop runs the task's cycles every commit interval and when a cache is
-// full, until ctx ends. An abandoned cycle fails the task's claims.
+// loop runs the task's cycles every commit interval, when a cache is full,
+// when its sources went idle and for its first record (cycleClock), until
+// ctx ends. An abandoned cycle fails the task's claims.
 func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 	defer close(tr.done)
 	w := ts.w
-	tick := time.NewTicker(w.cfg.CommitInterval)
-	defer tick.Stop()
-	// An idle task cycles at once: when its sources handed out records since
-	// the last cycle and none in the last idle interval (the partition is
-	// caught up, or the input paused), nothing would join the batch by
-	// waiting, and the state and the commit would only come later.
-	var idleC <-chan time.Time
-	if d := w.idleCommit(); d > 0 {
-		idle := time.NewTicker(d)
-		defer idle.Stop()
-		idleC = idle.C
-	}
-	// The first cycle of a task comes as soon as its sources handed out a
-	// record (checked every firstCheck), idle or not: after a hand-over or a
-	// restart the partition's new state, and its owner's position, reach
-	// the changelog and the group at once (standbys, global replicas and
-	// readers of the changelog see the partition live again). Waiting for
-	// the idle check instead cost up to 200 ms of every hand-over (measured
-	// in bench/sidebyside's handover trace; docs/benchmarks.md).
-	// Like the idle cycles, it is off when IdleCommit is negative.
-	first := time.NewTicker(firstCheck)
-	defer first.Stop()
-	firstC := first.C
-	if idleC == nil {
-		first.Stop()
-		firstC = nil
-	}
-	var cycled, seen int64 // records handed out at the last cycle and the last idle check
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		case <-tr.wake:
-		case <-firstC:
-			if tr.t.Handed() == 0 {
-				continue
-			}
-		case <-idleC:
-			n := tr.t.Handed()
-			quiet := n == seen && n != cycled
-			seen = n
-			if !quiet {
-				continue
-			}
-		}
-		if firstC != nil {
-			first.Stop()
-			firstC = nil
-		}
-		cycled = tr.t.Handed()
+	clock := newCycleClock(w.cfg.CommitInterval, w.idleCommit(), true, tr.t.Handed, tr.wake)
+	defer clock.stop()
+	for clock.wait(ctx) {
 		cctx, cancel := context.WithTimeout(ctx, w.flushBudget())
 		st, err := tr.t.Cycle(cctx, w.cutBudget())
 		cancel()

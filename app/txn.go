@@ -453,34 +453,13 @@ var minTxnTimeout = 10 * time.Second
 
 // loop runs cycles every commit interval, when a cache is full (wake), and
 // when the tasks' sources handed out records since the last cycle but none
-// in the last idle interval (as taskSet.loop does per task).
+// in the last idle interval (cycleClock, as taskSet.loop does per task).
 func (x *txnCycles) loop(ctx context.Context) {
 	w := x.w
 	// A transaction must commit well within its timeout.
-	tick := time.NewTicker(min(w.cfg.CommitInterval, w.txnTimeout()/2))
-	defer tick.Stop()
-	var idleC <-chan time.Time
-	if d := w.idleCommit(); d > 0 {
-		idle := time.NewTicker(d)
-		defer idle.Stop()
-		idleC = idle.C
-	}
-	var cycled, seen int64
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		case <-x.wake:
-		case <-idleC:
-			n := w.tasks.handed()
-			quiet := n == seen && n != cycled
-			seen = n
-			if !quiet {
-				continue
-			}
-		}
-		cycled = w.tasks.handed()
+	clock := newCycleClock(min(w.cfg.CommitInterval, w.txnTimeout()/2), w.idleCommit(), false, w.tasks.handed, x.wake)
+	defer clock.stop()
+	for clock.wait(ctx) {
 		cctx, cancel := context.WithTimeout(ctx, w.flushBudget())
 		err := x.cycle(cctx, false)
 		cancel()
