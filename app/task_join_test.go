@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runnel-dev/runnel/codec"
 	"github.com/runnel-dev/runnel/stores"
@@ -80,6 +81,35 @@ func TestTaskOwnsItsTables(t *testing.T) {
 	w.tasks.leave(k)
 	if err := st.Own(5); err != nil {
 		t.Fatalf("partition 5 after the task closed: Own = %v, want nil (released)", err)
+	}
+	st.Disown(5)
+
+	// A new task of the key waits while the previous one is closing (its
+	// last claim left, its tables not yet given back): taking them first
+	// would fail with ErrOwned and leave the partition unprocessed.
+	released := make(chan struct{})
+	w.tasks.mu.Lock()
+	w.tasks.closing = map[taskKey]chan struct{}{k: released}
+	w.tasks.mu.Unlock()
+	joined := make(chan error, 1)
+	go func() {
+		_, err := w.tasks.join(k, nil, []table.Cutter{st})
+		joined <- err
+	}()
+	select {
+	case err := <-joined:
+		t.Fatalf("join returned (%v) while the key's previous task was closing", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	w.tasks.mu.Lock()
+	delete(w.tasks.closing, k)
+	w.tasks.mu.Unlock()
+	close(released)
+	if err := <-joined; err != nil {
+		t.Fatalf("join after the previous task closed: %v", err)
+	}
+	if err := st.Own(5); !errors.Is(err, table.ErrOwned) {
+		t.Fatalf("partition 5 after the new task joined: Own = %v, want ErrOwned", err)
 	}
 }
 

@@ -105,6 +105,10 @@ type taskSet struct {
 	w  *Worker
 	mu sync.Mutex
 	m  map[taskKey]*taskRun // guarded by mu
+	// closing holds, per key, a channel closed when the task whose last
+	// claim left has released its tables; a new task of the key waits for
+	// it (join). Guarded by mu.
+	closing map[taskKey]chan struct{}
 	// commits coalesces the cycles' OffsetCommits (commitQueue).
 	commits commitQueue
 }
@@ -155,6 +159,14 @@ func releaseTable(st table.Cutter, p int32) {
 // a global table's partition (reading its store's marks).
 func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []table.Cutter) (*taskRun, error) {
 	ts.mu.Lock()
+	for ts.closing[k] != nil {
+		// The key's previous task is closing: it gives its table
+		// partitions back (releaseTable) before a new task takes them.
+		ch := ts.closing[k]
+		ts.mu.Unlock()
+		<-ch
+		ts.mu.Lock()
+	}
 	defer ts.mu.Unlock()
 	if ts.m == nil {
 		ts.m = map[taskKey]*taskRun{}
@@ -254,8 +266,14 @@ func (ts *taskSet) leave(k taskKey) {
 	}
 	tr.refs--
 	last := tr.refs <= 0
+	var released chan struct{}
 	if last {
 		delete(ts.m, k)
+		if ts.closing == nil {
+			ts.closing = map[taskKey]chan struct{}{}
+		}
+		released = make(chan struct{})
+		ts.closing[k] = released
 	}
 	ts.mu.Unlock()
 	if last {
@@ -264,6 +282,10 @@ func (ts *taskSet) leave(k taskKey) {
 		for _, st := range tr.t.Tables {
 			releaseTable(st, k.p)
 		}
+		ts.mu.Lock()
+		delete(ts.closing, k)
+		ts.mu.Unlock()
+		close(released)
 		ts.set(tr, TaskClosed)
 		if ts.w.txn != nil {
 			ts.w.txn.closed(tr)
