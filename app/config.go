@@ -125,7 +125,7 @@ type Config struct {
 
 	redelivery            Redelivery       // WithRedelivery
 	repartitionPurge      time.Duration    // WithRepartitionPurge
-	cronClock             func() time.Time // WithCronClock (timers.go)
+	cronClock             func() time.Time // WithCronClock; read by timers.go
 	devTopic, devKeyField string           // WithDevInput
 	topicPrefix           string           // WithTopicPrefix
 	eager                 bool             // WithRebalanceProtocol(eager)
@@ -339,6 +339,14 @@ func WithRedelivery(r Redelivery) Option { return func(c *Config) { c.redelivery
 // negative disables it (the topics then grow without bound: they are created
 // with retention.ms=-1).
 func WithRepartitionPurge(d time.Duration) Option { return func(c *Config) { c.repartitionPurge = d } }
+
+// WithCronClock sets the wall clock Cron timers (agent.Cron) read; default
+// time.Now. A clock set ahead (time.Now().Add(d)) runs the schedules as they
+// would run d later, which a test of "0 9 * * *" or a rehearsal of a
+// schedule needs; the clock must advance at the real pace (the timers wait
+// with real timers for the time it says). No variable or flag: a clock is
+// code.
+func WithCronClock(now func() time.Time) Option { return func(c *Config) { c.cronClock = now } }
 
 // WithDevInput sets the topic and key field that `dev --input` and `send`
 // load a file into (default none: they need --topic).

@@ -140,13 +140,6 @@ func (pt *partition) runTimer(ctx context.Context, name string, tm agent.Timer) 
 // is then made again within this delay, not at the next scheduled time.
 const cronRecheck = time.Minute
 
-// WithCronClock sets the wall clock Cron timers (agent.Cron) read; default
-// time.Now. A clock set ahead (time.Now().Add(d)) runs the schedules as they
-// would run d later, which a test of "0 9 * * *" or a rehearsal of a
-// schedule needs; the clock must advance at the real pace (the timers wait
-// with real timers for the time it says).
-func WithCronClock(now func() time.Time) Option { return func(c *Config) { c.cronClock = now } }
-
 // cronNow reads the Cron timers' clock.
 func (w *Worker) cronNow() time.Time {
 	if w.cfg.cronClock != nil {
