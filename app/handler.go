@@ -214,6 +214,7 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	}
 	env := *w.env
 	env.InFlight = pt.inflight
+	env.Partitions = src.Partitions
 	pt.env = &env
 	pt.backfillJoins(ctx, acquired) // joins.go
 	defer pt.startTimers(ctx)()     // timers.go

@@ -457,6 +457,16 @@ func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source
 		}
 		w.metrics.agentFailed(pt.topic, r.Name(), err)
 		var ae *agent.Error
+		if errors.Is(err, table.ErrNotOwned) {
+			// A table write that no running task's cycles would cut: a
+			// broken invariant (docs/tables.md, rule 8), never bad input.
+			// Retrying or dead-lettering would let the offset commit
+			// without the write; the record is not committed, so stopping
+			// loses nothing.
+			w.log.Error("table write outside the task that owns the partition; stopping the worker", "agent", r.Name(), "topic", pt.topic, "partition", pt.p, "err", err)
+			w.fatal.stop(err)
+			return agentResult{r: r, sub: sub, err: err}
+		}
 		if !errors.As(err, &ae) || ae.Stream || policy == agent.StopWorker {
 			return agentResult{r: r, sub: sub, err: err}
 		}

@@ -279,6 +279,15 @@ func (ts *taskSet) leave(k taskKey) {
 	if last {
 		tr.cancel()
 		<-tr.done
+		if x := ts.w.txn; x != nil {
+			// Under ExactlyOnce the worker's transaction cycles the task
+			// (it has no loop of its own): wait for a cycle in progress,
+			// which may still cut the task's tables, before they go to the
+			// key's next task.
+			x.mu.Lock()
+			//lint:ignore SA2001 an empty critical section: waiting for the cycle that holds mu
+			x.mu.Unlock()
+		}
 		for _, st := range tr.t.Tables {
 			releaseTable(st, k.p)
 		}

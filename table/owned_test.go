@@ -32,8 +32,8 @@ func TestOwnedWrites(t *testing.T) {
 	if err := s.SetActive(p, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := inc(); !errors.Is(err, table.ErrNotActive) {
-		t.Fatalf("write to an active partition no task owns: %v, want ErrNotActive", err)
+	if err := inc(); !errors.Is(err, table.ErrNotOwned) || !errors.Is(err, table.ErrNotActive) {
+		t.Fatalf("write to an active partition no task owns: %v, want ErrNotOwned (an ErrNotActive)", err)
 	}
 	if err := s.Own(p); err != nil {
 		t.Fatal(err)
@@ -58,7 +58,7 @@ func TestOwnedWrites(t *testing.T) {
 		t.Fatalf("the owner's cycle cuts %v, want 1 record", c)
 	}
 	s.Disown(p)
-	if err := inc(); !errors.Is(err, table.ErrNotActive) {
+	if err := inc(); !errors.Is(err, table.ErrNotOwned) {
 		t.Fatalf("write after the owner left: %v, want ErrNotActive", err)
 	}
 	// Without OwnedWrites (replay's scratch tables), an active partition is
@@ -66,5 +66,31 @@ func TestOwnedWrites(t *testing.T) {
 	s.OwnedWrites = false
 	if err := inc(); err != nil {
 		t.Fatalf("write without OwnedWrites: %v", err)
+	}
+}
+
+// TestWriteFromOtherPartitionCount: an event of a topic with another
+// partition count than the table's may not write it, even when its key
+// hashes to the event's partition in both counts (murmur2 mod 8 = p < 4
+// implies mod 4 = p): the write would go to the cache of partition p of
+// another task, whose cycles never commit the writer's offsets.
+func TestWriteFromOtherPartitionCount(t *testing.T) {
+	h := &host{}
+	counts := table.New(h, "counts", codec.String(), codec.DecimalInt64(), table.Partitions(nparts))
+	s := table.NewState(counts, nparts, stores.NewMemory(), (&producer{}).send)
+	const p = 1
+	if err := s.SetActive(p, true); err != nil {
+		t.Fatal(err)
+	}
+	key := keyOf(p, 0)
+	for _, n := range []int32{0, nparts} {
+		ev := &event{p: p, env: &table.Env{States: map[string]*table.State{"counts": s}, Partitions: n}}
+		if _, err := counts.Update(ev, key, func(v int64) int64 { return v + 1 }); err != nil {
+			t.Fatalf("source with %d partitions (0: unchecked): %v", n, err)
+		}
+	}
+	ev := &event{p: p, env: &table.Env{States: map[string]*table.State{"counts": s}, Partitions: 2 * nparts}}
+	if _, err := counts.Update(ev, key, func(v int64) int64 { return v + 1 }); !errors.Is(err, table.ErrNotCoPartitioned) {
+		t.Fatalf("source with %d partitions writing a %d-partition table: %v, want ErrNotCoPartitioned", 2*nparts, nparts, err)
 	}
 }

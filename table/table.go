@@ -54,6 +54,13 @@ type Env struct {
 	// source partition that the broker has not answered yet; the worker waits
 	// for it before it gives the partition up.
 	InFlight *InFlight
+	// Partitions is the partition count of the source topic whose events
+	// use this Env (0: not checked). A table write goes to partition p of
+	// the table for an event of partition p, so a table must have the
+	// source's count (co-partitioning): otherwise a write from partition p
+	// would land in the cache of another task's partition p, whose cycles
+	// never commit the writer's offsets (ErrNotCoPartitioned).
+	Partitions int32
 	// Replay is set when the events are replayed (package replay) rather
 	// than processed live: it decides which named external effect
 	// (agent.Effect) still applies. Nil in a live worker: every effect
@@ -433,6 +440,12 @@ func NewState(d Def, partitions int32, st stores.Store, send ChangelogSendFunc) 
 	return &State{stateBase: newStateBase(d, partitions, st, send), parts: map[int32]*partState{}, owned: map[int32]bool{}}
 }
 
+// ErrNotOwned is returned for a write to an active partition that no running
+// task owns (State.OwnedWrites): no cycle would cut it. It wraps
+// ErrNotActive. In a worker it means a broken invariant, not bad input: the
+// worker stops.
+var ErrNotOwned = fmt.Errorf("no running task cuts the partition: %w", ErrNotActive)
+
 // ErrOwned is returned by Own for a partition another task already owns.
 var ErrOwned = errors.New("partition is already owned by another task")
 
@@ -600,7 +613,7 @@ func (s *State) writeRouted(ev Event, route, key, value []byte, del bool) error 
 	ps, owned := s.parts[p], s.owned[p] || !s.OwnedWrites
 	s.mu.Unlock()
 	if ps != nil && !owned {
-		return fmt.Errorf("table %s[%d]: no running task cuts the partition: %w", s.name, p, ErrNotActive)
+		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrNotOwned)
 	}
 	return s.cache(ev, p, ps, key, value, del, s.CacheBytes, s.OnFull)
 }
@@ -609,6 +622,9 @@ func (s *State) writeRouted(ev Event, route, key, value []byte, del bool) error 
 // (ErrNotCoPartitioned otherwise; key names the write in the error).
 func (b *stateBase) partitionOf(ev Event, route, key []byte) (int32, error) {
 	p := ev.Partition()
+	if env := ev.Env(); env != nil && env.Partitions > 0 && env.Partitions != b.partitions {
+		return p, fmt.Errorf("table %s (%d partitions): write of key %q from a topic with %d partitions: %w", b.name, b.partitions, key, env.Partitions, ErrNotCoPartitioned)
+	}
 	if q := kafka.PartitionFor(route, b.partitions); q != p {
 		return p, fmt.Errorf("table %s: write of key %q from partition %d: the key belongs to partition %d: %w", b.name, key, p, q, ErrNotCoPartitioned)
 	}
