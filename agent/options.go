@@ -87,7 +87,10 @@ func SendsTo(topics ...TopicDef) Option {
 }
 
 // WritesTo declares the tables the agent writes, so that describe and its
-// --dot graph show them (the worker does not check the declaration).
+// --dot graph show them, and the app refuses at start a declared table whose
+// partition count differs from the agent's topic's (the worker does not check
+// that the agent writes only these; every write is checked for
+// co-partitioning when it happens, table.ErrNotCoPartitioned).
 func WritesTo(tables ...table.Def) Option {
 	return func(s *Settings) {
 		for _, t := range tables {

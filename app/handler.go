@@ -206,6 +206,13 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 		// txn.go).
 		k := taskKey{src.Partitions, p}
 		tr, err := w.tasks.join(k, sess, states)
+		if errors.Is(err, errOtherTables) || errors.Is(err, table.ErrOwned) {
+			// A broken invariant (docs/tables.md, rule 8), not a passing
+			// fault: a session restart would meet it again, in a loop.
+			w.log.Error("claim refused by its task; stopping the worker", "topic", topic, "partition", p, "err", err)
+			w.fatal.stop(err)
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("partition %s[%d]: %w", topic, p, err)
 		}

@@ -121,6 +121,9 @@ type activator interface {
 	Deactivate(p int32)
 }
 
+// errOtherTables: a claim brought other tables than its task cuts (join).
+var errOtherTables = errors.New("claim and task disagree on the tables")
+
 // owner is a table runtime whose partitions accept writes only while a task
 // owns them (table.State with OwnedWrites).
 type owner interface {
@@ -177,7 +180,7 @@ func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []ta
 		// whose tables the task does not cut would commit offsets whose
 		// table writes no cycle flushes.
 		if !sameTables(tr.t.Tables, states) {
-			return nil, fmt.Errorf("task %d/%d: a claim brings tables %v, the task runs %v", k.p, k.parts, tableNames(states), tableNames(tr.t.Tables))
+			return nil, fmt.Errorf("task %d/%d: a claim brings tables %v, the task runs %v: %w", k.p, k.parts, tableNames(states), tableNames(tr.t.Tables), errOtherTables)
 		}
 		tr.refs++
 		return tr, nil

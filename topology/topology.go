@@ -133,6 +133,15 @@ func (g *Graph) Resolve() (err error) {
 			if !ok {
 				continue
 			}
+			for _, name := range a.Tables {
+				t, ok := g.table(name)
+				if ok && t.Partitions > 0 && t.Partitions != src.Partitions {
+					errs = multierror.Append(errs, fmt.Errorf("agent %s: writes table %s (%d partitions) from %s (%d partitions): "+
+						"not co-partitioned, a record of partition p would write partition p of the table, which another task owns; "+
+						"declare both with the same partition count, or re-key the stream to the table's key first (agent.Repartition)",
+						a.Name, name, t.Partitions, a.Source, src.Partitions))
+				}
+			}
 			for _, name := range a.Lookups {
 				t, ok := g.table(name)
 				switch {

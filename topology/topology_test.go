@@ -113,3 +113,20 @@ func TestResolveChecksSinksAndTables(t *testing.T) {
 		}
 	}
 }
+
+// TestResolveChecksWrittenTablePartitions: an agent may write only tables
+// co-partitioned with its topic; one with another count is refused at start,
+// naming both counts (at run time such a write is ErrNotCoPartitioned).
+func TestResolveChecksWrittenTablePartitions(t *testing.T) {
+	g := &Graph{App: "a", Topics: []Topic{{Name: "in", Partitions: 8}},
+		Tables: []Table{{Name: "counts", Changelog: "a-counts-changelog", Partitions: 4}, {Name: "same", Changelog: "a-same-changelog", Partitions: 8}},
+		Agents: []Agent{{Name: "x", Source: "in", Tables: []string{"counts", "same"}}}}
+	err := g.Resolve()
+	want := "agent x: writes table counts (4 partitions) from in (8 partitions): not co-partitioned"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %v lacks %q", err, want)
+	}
+	if strings.Contains(err.Error(), "table same") {
+		t.Fatalf("a co-partitioned table refused: %v", err)
+	}
+}
