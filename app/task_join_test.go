@@ -58,7 +58,7 @@ func TestTaskOwnsItsTables(t *testing.T) {
 	w := &Worker{log: slog.New(slog.NewTextHandler(io.Discard, nil)), txn: &txnCycles{pending: map[*taskRun]struct{}{}}}
 	w.metrics = newMetrics(w)
 	w.tasks.w = w
-	def := table.New(&testHost{}, "counts", codec.String(), codec.DecimalInt64(), table.Partitions(8))
+	def := table.New(New("task-join"), "counts", codec.String(), codec.DecimalInt64(), table.Partitions(8))
 	st := table.NewState(def, 8, stores.NewMemory(), nil)
 	st.OwnedWrites = true
 	if err := st.SetActive(5, true); err != nil {
@@ -112,8 +112,3 @@ func TestTaskOwnsItsTables(t *testing.T) {
 		t.Fatalf("partition 5 after the new task joined: Own = %v, want ErrOwned", err)
 	}
 }
-
-type testHost struct{}
-
-func (testHost) AppID() string           { return "app" }
-func (testHost) RegisterTable(table.Def) {}

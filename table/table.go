@@ -399,7 +399,7 @@ type State struct {
 	OnFull func(p int32)
 	// OwnedWrites, set before the first write, makes an active partition
 	// writable only while a task owns it (Own): a write no task's cycle
-	// would cut fails with ErrNotActive instead of waiting in a cache that
+	// would cut fails with ErrNotOwned instead of waiting in a cache that
 	// is never flushed while the records' offsets commit (lost updates).
 	// The worker sets it; replay's scratch tables and standalone uses,
 	// which cut by hand, leave it off.
@@ -449,9 +449,10 @@ var ErrNotOwned = fmt.Errorf("no running task cuts the partition: %w", ErrNotAct
 // ErrOwned is returned by Own for a partition another task already owns.
 var ErrOwned = errors.New("partition is already owned by another task")
 
-// Own makes the calling task the owner of partition p: with OwnedWrites, the
-// partition accepts writes until Disown, and the owner's cycles are the only
-// ones that cut it. Errors: ErrOwned when another task owns p (two tasks
+// Own makes the calling task the owner of partition p, the one task whose
+// cycles cut it: with OwnedWrites, the partition accepts writes until Disown
+// (Cut itself does not check the owner; the worker cuts a partition only in
+// its owner's cycles). Errors: ErrOwned when another task owns p (two tasks
 // cutting one partition would each commit offsets for writes the other
 // flushed).
 func (s *State) Own(p int32) error {
