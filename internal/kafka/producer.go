@@ -56,6 +56,11 @@ type Producer struct {
 	waiters atomic.Int32
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled under mu when inFlight reaches 0 and Flush waits
+
+	// lean, when not nil, is the producer of a client without a
+	// transactional ID (see leanProducer); ap is then nil and swap unused.
+	// Set once by NewProducer.
+	lean *leanProducer
 }
 
 // NewProducer starts a producer on client. The client must be configured with
@@ -63,9 +68,23 @@ type Producer struct {
 // transactional ID (Producer.Transaction.ID) it initializes the ID first
 // (InitProducerId: fences any older producer with the ID and aborts its open
 // transaction).
+//
+// Without a transactional ID (and with a protocol version of at least 0.11)
+// the producer is Runnel's own idempotent producer (leanProducer), which
+// obtains a producer ID (InitProducerId) first; it honours Producer.Timeout,
+// Compression, Flush.Frequency, Flush.Bytes, MaxMessageBytes, Retry.Max and
+// Retry.Backoff, always with acks=all.
 func NewProducer(client sarama.Client) (*Producer, error) {
 	p := &Producer{client: client}
 	p.cond = sync.NewCond(&p.mu)
+	if conf := client.Config(); conf.Producer.Transaction.ID == "" && conf.Version.IsAtLeast(sarama.V0_11_0_0) {
+		l, err := newLeanProducer(p, client)
+		if err != nil {
+			return nil, err
+		}
+		p.lean = l
+		return p, nil
+	}
 	ap, done, err := p.start()
 	if err != nil {
 		return nil, err
@@ -121,6 +140,11 @@ func (p *Producer) report(m *sarama.ProducerMessage, err error) {
 		msgPool.Put(md)
 		ack.Acked(off, err)
 	}
+	p.reported()
+}
+
+// reported counts one delivery report run, waking Flush when it was the last.
+func (p *Producer) reported() {
 	if p.inFlight.Add(-1) == 0 && p.waiters.Load() > 0 {
 		p.mu.Lock()
 		p.cond.Broadcast()
@@ -136,6 +160,21 @@ var ErrProducerClosed = fmt.Errorf("kafka: producer is closed")
 // delivery report. Send returns ErrProducerClosed after Close; it blocks while
 // Sarama's input buffer is full.
 func (p *Producer) Send(msg *sarama.ProducerMessage, done DeliveryFunc) error {
+	if p.lean != nil {
+		r := leanRecord{headers: msg.Headers, ts: msg.Timestamp, msg: msg, done: done}
+		var err error
+		if msg.Key != nil {
+			if r.key, err = msg.Key.Encode(); err != nil {
+				return fmt.Errorf("produce %s[%d]: encode key: %w", msg.Topic, msg.Partition, err)
+			}
+		}
+		if msg.Value != nil {
+			if r.value, err = msg.Value.Encode(); err != nil {
+				return fmt.Errorf("produce %s[%d]: encode value: %w", msg.Topic, msg.Partition, err)
+			}
+		}
+		return p.lean.send(msg.Topic, msg.Partition, r)
+	}
 	p.swap.RLock()
 	defer p.swap.RUnlock()
 	if err := p.admit(); err != nil {
@@ -215,6 +254,9 @@ func (p *Producer) SendRecord(topic string, partition int32, key, value []byte, 
 // SendRecordAt is SendRecord with the record's timestamp ts (zero: the
 // producer's clock).
 func (p *Producer) SendRecordAt(topic string, partition int32, key, value []byte, ts time.Time, ack Acker) error {
+	if p.lean != nil {
+		return p.lean.send(topic, partition, leanRecord{key: key, value: value, ts: ts, ack: ack})
+	}
 	m := msgPool.Get().(*pooledMsg)
 	m.msg.Topic, m.msg.Partition, m.msg.Timestamp = topic, partition, ts
 	if key != nil {
@@ -250,6 +292,9 @@ func (p *Producer) Flush(ctx context.Context) error {
 	defer p.mu.Unlock()
 	p.waiters.Add(1)
 	defer p.waiters.Add(-1)
+	if p.lean != nil {
+		p.lean.kick() // no lingering while Flush waits
+	}
 	for {
 		n := p.inFlight.Load()
 		if n == 0 {
@@ -265,6 +310,10 @@ func (p *Producer) Flush(ctx context.Context) error {
 // Close flushes what was queued (Sarama's AsyncClose drains the input) and
 // waits for every delivery report.
 func (p *Producer) Close() error {
+	if p.lean != nil {
+		p.lean.close()
+		return nil
+	}
 	p.swap.Lock()
 	defer p.swap.Unlock()
 	if p.closed {
@@ -276,6 +325,21 @@ func (p *Producer) Close() error {
 		<-p.done
 	}
 	return nil
+}
+
+// errNotTransactional is returned by the transaction calls (and Renew) of a
+// producer without a transactional ID.
+var errNotTransactional = fmt.Errorf("kafka: producer is not transactional: %w", sarama.ErrNonTransactedProducer)
+
+// waitDrained waits until every record sent has its delivery report.
+func (p *Producer) waitDrained() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.waiters.Add(1)
+	defer p.waiters.Add(-1)
+	for p.inFlight.Load() != 0 {
+		p.cond.Wait()
+	}
 }
 
 // ErrRenewClosed is returned by Renew after Close.
@@ -299,6 +363,12 @@ var ErrRenewClosed = fmt.Errorf("kafka: renew: %w", ErrProducerClosed)
 // new producer could not initialize the ID (the old one is closed all the
 // same: a later Renew may try again).
 func (p *Producer) Renew() error {
+	if p.lean != nil {
+		if p.lean.isClosed() {
+			return ErrRenewClosed
+		}
+		return errNotTransactional
+	}
 	p.swap.Lock()
 	defer p.swap.Unlock()
 	if p.closed {
@@ -381,6 +451,9 @@ func (p *Producer) Abort() error {
 // neither commit nor abort and must be closed.
 // A producer whose last Renew failed reports true, a closed one false.
 func (p *Producer) Fatal() bool {
+	if p.lean != nil {
+		return false
+	}
 	ap, err := p.current()
 	if err != nil {
 		return errors.Is(err, ErrProducerNotReady)
@@ -392,6 +465,12 @@ func (p *Producer) Fatal() bool {
 // caller must not run it concurrently with Renew (the transaction's owner
 // serializes both).
 func (p *Producer) current() (sarama.AsyncProducer, error) {
+	if p.lean != nil {
+		if p.lean.isClosed() {
+			return nil, ErrProducerClosed
+		}
+		return nil, errNotTransactional
+	}
 	p.swap.RLock()
 	defer p.swap.RUnlock()
 	switch {

@@ -1,0 +1,545 @@
+package kafka_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/runnel-dev/runnel/internal/embedded"
+	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/runnel-dev/runnel/internal/testbroker"
+)
+
+// leanEnv is a kfake broker with one topic and a non-transactional
+// (lean) producer on it.
+type leanEnv struct {
+	cluster *kfake.Cluster
+	addrs   []string
+	topic   string
+	client  sarama.Client
+	p       *kafka.Producer
+}
+
+// newLeanEnv starts kfake, creates a topic of parts partitions and a
+// producer with Runnel's worker configuration (short retry backoff).
+func newLeanEnv(t *testing.T, parts int32) *leanEnv {
+	t.Helper()
+	b, err := embedded.Start(embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	e := &leanEnv{cluster: b.Cluster(), addrs: b.Addrs(), topic: testbroker.Topic(t, "lean")}
+	admin, err := sarama.NewClusterAdmin(e.addrs, testbroker.SaramaConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.CreateTopic(e.topic, &sarama.TopicDetail{NumPartitions: parts, ReplicationFactor: 1}, false); err != nil {
+		t.Fatal(err)
+	}
+	cfg := kafka.NewConfig("lean-test", testbroker.Version(t), kafka.TestTimeouts)
+	cfg.Producer.Retry.Backoff = 10 * time.Millisecond
+	if e.client, err = sarama.NewClient(e.addrs, cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.client.Close() })
+	if e.p, err = kafka.NewProducer(e.client); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.p.Close() })
+	return e
+}
+
+// ackLog records every delivery report per partition, in arrival order.
+type ackLog struct {
+	mu      sync.Mutex
+	offsets map[int32][]int64
+	values  map[int32][]string
+	errs    map[int32][]string // value of each failed record, in report order
+}
+
+func newAckLog() *ackLog {
+	return &ackLog{offsets: map[int32][]int64{}, values: map[int32][]string{}, errs: map[int32][]string{}}
+}
+
+// acker is one record's Acker.
+type acker struct {
+	log   *ackLog
+	part  int32
+	value string
+	err   error
+}
+
+func (a *acker) Acked(off int64, err error) {
+	a.log.mu.Lock()
+	defer a.log.mu.Unlock()
+	a.err = err
+	if err != nil {
+		a.log.errs[a.part] = append(a.log.errs[a.part], a.value)
+		return
+	}
+	a.log.offsets[a.part] = append(a.log.offsets[a.part], off)
+	a.log.values[a.part] = append(a.log.values[a.part], a.value)
+}
+
+// send sends value to partition part with an acker logging into l.
+func (e *leanEnv) send(t *testing.T, l *ackLog, part int32, value string) {
+	t.Helper()
+	if err := e.p.SendRecord(e.topic, part, nil, []byte(value), &acker{log: l, part: part, value: value}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// flush waits for every report.
+func (e *leanEnv) flush(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := e.p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readAll returns the values and offsets of every record of partition part
+// up to its highwater, with a fresh client.
+func (e *leanEnv) readAll(t *testing.T, part int32) ([]string, []int64) {
+	t.Helper()
+	client, err := sarama.NewClient(e.addrs, testbroker.SaramaConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	hwm, err := client.GetOffset(e.topic, part, sarama.OffsetNewest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hwm == 0 {
+		return nil, nil
+	}
+	cons, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	pc, err := cons.ConsumePartition(e.topic, part, sarama.OffsetOldest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	var vals []string
+	var offs []int64
+	for {
+		select {
+		case m := <-pc.Messages():
+			vals = append(vals, string(m.Value))
+			offs = append(offs, m.Offset)
+			if m.Offset+1 >= hwm {
+				return vals, offs
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("partition %d: read %d records, highwater %d", part, len(vals), hwm)
+		}
+	}
+}
+
+// checkLog checks that every partition's successful reports have
+// consecutive offsets from 0, that the log holds exactly the acknowledged
+// values at those offsets, and that each sender's records (values
+// "<sender>-<i>") are in send order.
+func (e *leanEnv) checkLog(t *testing.T, l *ackLog, parts int32) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for part := range parts {
+		offs, vals := l.offsets[part], l.values[part]
+		for i, off := range offs {
+			if off != int64(i) {
+				t.Fatalf("partition %d: report %d has offset %d, want %d", part, i, off, i)
+			}
+		}
+		got, gotOffs := e.readAll(t, part)
+		if len(got) != len(vals) {
+			t.Fatalf("partition %d: log has %d records, %d acknowledged", part, len(got), len(vals))
+		}
+		for i := range got {
+			if got[i] != vals[i] || gotOffs[i] != offs[i] {
+				t.Fatalf("partition %d: log record %d is %q@%d, acknowledged %q@%d", part, i, got[i], gotOffs[i], vals[i], offs[i])
+			}
+		}
+		last := map[string]int{}
+		for _, v := range got {
+			var sender string
+			var i int
+			if _, err := fmt.Sscanf(strings.Replace(v, "-", " ", 1), "%s %d", &sender, &i); err != nil {
+				t.Fatalf("partition %d: value %q: %v", part, v, err)
+			}
+			if prev, ok := last[sender]; ok && i <= prev {
+				t.Fatalf("partition %d: %s-%d after %s-%d (reordered or duplicated)", part, sender, i, sender, prev)
+			}
+			last[sender] = i
+		}
+	}
+}
+
+// sendMany sends n records from each of senders goroutines, record i of
+// sender g to partition (g+i) % parts, pausing a millisecond every 50
+// records (so that they make many requests).
+func (e *leanEnv) sendMany(t *testing.T, l *ackLog, senders, n int, parts int32) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for g := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range n {
+				part := int32((g + i) % int(parts))
+				if i%50 == 49 {
+					time.Sleep(time.Millisecond)
+				}
+				v := fmt.Sprintf("s%d-%d", g, i)
+				if err := e.p.SendRecord(e.topic, part, nil, []byte(v), &acker{log: l, part: part, value: v}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// Many records over several partitions from several goroutines: every
+// report is a success, offsets per partition are consecutive from 0, and
+// the log holds exactly the records sent, in send order per sender.
+func TestLeanProducerManyRecords(t *testing.T) {
+	const parts = 5
+	e := newLeanEnv(t, parts)
+	l := newAckLog()
+	e.sendMany(t, l, 4, 5000, parts)
+	e.flush(t)
+	total := 0
+	for part := range int32(parts) {
+		if n := len(l.errs[part]); n > 0 {
+			t.Fatalf("partition %d: %d records failed", part, n)
+		}
+		total += len(l.values[part])
+	}
+	if total != 4*5000 {
+		t.Fatalf("%d successful reports, want %d", total, 4*5000)
+	}
+	e.checkLog(t, l, parts)
+}
+
+// Send (with a DeliveryFunc) reports partition and offset, and sets the
+// message's offset.
+func TestLeanProducerSendMessage(t *testing.T) {
+	e := newLeanEnv(t, 2)
+	type rep struct {
+		part int32
+		off  int64
+		err  error
+	}
+	reps := make(chan rep, 10)
+	var msgs []*sarama.ProducerMessage
+	for i := range 10 {
+		m := &sarama.ProducerMessage{Topic: e.topic, Partition: 1, Key: sarama.StringEncoder("k"),
+			Value: sarama.StringEncoder(fmt.Sprint(i)), Headers: []sarama.RecordHeader{{Key: []byte("h"), Value: []byte("v")}}}
+		msgs = append(msgs, m)
+		if err := e.p.Send(m, func(part int32, off int64, err error) { reps <- rep{part, off, err} }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.flush(t)
+	for i := range 10 {
+		r := <-reps
+		if r.err != nil || r.part != 1 || r.off != int64(i) || msgs[i].Offset != int64(i) {
+			t.Fatalf("report %d: %+v (message offset %d)", i, r, msgs[i].Offset)
+		}
+	}
+	vals, _ := e.readAll(t, 1)
+	if len(vals) != 10 || vals[9] != "9" {
+		t.Fatalf("log: %v", vals)
+	}
+}
+
+// errorResponse answers req with code for every partition.
+func errorResponse(req kmsg.Request, code func(topic string, part int32) int16) kmsg.Response {
+	r := req.(*kmsg.ProduceRequest)
+	resp := r.ResponseKind().(*kmsg.ProduceResponse)
+	for _, rt := range r.Topics {
+		st := kmsg.NewProduceResponseTopic()
+		st.Topic = rt.Topic
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewProduceResponseTopicPartition()
+			sp.Partition = rp.Partition
+			sp.ErrorCode = code(rt.Topic, rp.Partition)
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
+}
+
+// produceRaw sends req to addr on a connection of its own and waits for the
+// answer (which it does not decode).
+func produceRaw(addr string, req kmsg.Request) error {
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	buf := kmsg.NewRequestFormatter(kmsg.FormatterClientID("raw")).AppendRequest(nil, req, 1)
+	if _, err := conn.Write(buf); err != nil {
+		return err
+	}
+	var size [4]byte
+	if _, err := io.ReadFull(conn, size[:]); err != nil {
+		return err
+	}
+	_, err = io.CopyN(io.Discard, conn, int64(binary.BigEndian.Uint32(size[:])))
+	return err
+}
+
+// Retriable errors: NOT_LEADER_OR_FOLLOWER answers, a connection dropped
+// before the broker saw the request, and one dropped after the broker
+// wrote it (the retry is a duplicate the broker recognizes by its
+// sequence). The log still holds every record exactly once, in order, and
+// every report is a success.
+func TestLeanProducerRetriableErrors(t *testing.T) {
+	const parts = 4
+	e := newLeanEnv(t, parts)
+	var n, notLeader, dropped, written atomic.Int32
+	var inner atomic.Bool
+	e.cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.cluster.KeepControl()
+		if inner.Load() {
+			return nil, nil, false // the raw copy below: the broker writes it
+		}
+		switch i := n.Add(1); {
+		case i%7 == 3:
+			notLeader.Add(1)
+			return errorResponse(req, func(string, int32) int16 { return 6 /* NOT_LEADER_OR_FOLLOWER */ }), nil, true
+		case i == 2 || i == 8:
+			dropped.Add(1)
+			return nil, errors.New("drop before writing"), true
+		case i == 5 || i == 12:
+			// Write the request through another connection, then drop
+			// this one: the producer never learns that it was written.
+			var werr error
+			inner.Store(true)
+			e.cluster.SleepControl(func() { werr = produceRaw(e.addrs[0], req) })
+			inner.Store(false)
+			if werr != nil {
+				t.Errorf("raw produce: %v", werr)
+			}
+			written.Add(1)
+			return nil, errors.New("drop after writing"), true
+		}
+		return nil, nil, false
+	})
+	l := newAckLog()
+	e.sendMany(t, l, 3, 3000, parts)
+	e.flush(t)
+	total := 0
+	for part := range int32(parts) {
+		if errs := l.errs[part]; len(errs) > 0 {
+			t.Fatalf("partition %d: %d records failed", part, len(errs))
+		}
+		total += len(l.values[part])
+	}
+	if total != 3*3000 {
+		t.Fatalf("%d successful reports, want %d", total, 3*3000)
+	}
+	if notLeader.Load() == 0 || dropped.Load() < 2 || written.Load() < 2 {
+		t.Fatalf("faults injected: %d not-leader, %d dropped, %d written then dropped (%d requests)",
+			notLeader.Load(), dropped.Load(), written.Load(), n.Load())
+	}
+	e.checkLog(t, l, parts)
+}
+
+// A non-retriable error on one partition fails that partition's batch and
+// the records queued behind it; the other partitions are unaffected, and
+// records sent afterwards on the failing partition succeed (under a new
+// producer ID, from sequence 0).
+func TestLeanProducerNonRetriableError(t *testing.T) {
+	const parts = 3
+	e := newLeanEnv(t, parts)
+	l := newAckLog()
+	// Partition 1's first batch goes out alone, and is refused.
+	var refused atomic.Bool
+	release := make(chan struct{})
+	e.cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.cluster.KeepControl()
+		if refused.Load() {
+			return nil, nil, false
+		}
+		has1 := false
+		for _, rt := range req.(*kmsg.ProduceRequest).Topics {
+			for _, rp := range rt.Partitions {
+				has1 = has1 || rp.Partition == 1
+			}
+		}
+		if !has1 {
+			return nil, nil, false
+		}
+		refused.Store(true)
+		// Hold the answer until more records queue behind the batch.
+		e.cluster.SleepControl(func() { <-release })
+		return errorResponse(req, func(_ string, part int32) int16 {
+			if part == 1 {
+				return 87 // INVALID_RECORD
+			}
+			return 6 // NOT_LEADER_OR_FOLLOWER: the others are resent
+		}), nil, true
+	})
+	for i := range 50 {
+		e.send(t, l, int32(i%parts), fmt.Sprintf("a-%d", i))
+	}
+	time.Sleep(100 * time.Millisecond)
+	for i := 50; i < 100; i++ {
+		e.send(t, l, int32(i%parts), fmt.Sprintf("a-%d", i))
+	}
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	e.flush(t)
+	l.mu.Lock()
+	failed := len(l.errs[1])
+	if failed == 0 || len(l.errs[0]) > 0 || len(l.errs[2]) > 0 {
+		l.mu.Unlock()
+		t.Fatalf("failures per partition: %d, %d, %d; want only partition 1's", len(l.errs[0]), failed, len(l.errs[2]))
+	}
+	if failed+len(l.values[1]) != 33 {
+		l.mu.Unlock()
+		t.Fatalf("partition 1: %d failed + %d ok, want 33 reports", failed, len(l.values[1]))
+	}
+	// The failures are the first records of the partition, in send order.
+	for i, v := range l.errs[1] {
+		if want := fmt.Sprintf("a-%d", 1+3*i); v != want {
+			l.mu.Unlock()
+			t.Fatalf("failure %d is %q, want %q", i, v, want)
+		}
+	}
+	l.mu.Unlock()
+	for i := 100; i < 130; i++ {
+		e.send(t, l, int32(i%parts), fmt.Sprintf("a-%d", i))
+	}
+	e.flush(t)
+	l.mu.Lock()
+	if len(l.errs[1]) != failed {
+		l.mu.Unlock()
+		t.Fatalf("records sent after the failure failed too: %v", l.errs[1][failed:])
+	}
+	l.mu.Unlock()
+	e.checkLog(t, l, parts)
+}
+
+// Flush returns once every record sent before it has its report; Close
+// sends what is buffered and reports everything; Send after Close fails.
+func TestLeanProducerFlushClose(t *testing.T) {
+	e := newLeanEnv(t, 2)
+	var acks countAcks
+	for i := range 1000 {
+		if err := e.p.SendRecord(e.topic, int32(i%2), nil, []byte("v"), &acks); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.flush(t)
+	if acks.ok.Load() != 1000 {
+		t.Fatalf("after Flush: %d ok, %d failed, want 1000 ok", acks.ok.Load(), acks.failed.Load())
+	}
+	for i := range 1000 {
+		if err := e.p.SendRecord(e.topic, int32(i%2), nil, []byte("w"), &acks); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if acks.ok.Load() != 2000 {
+		t.Fatalf("after Close: %d ok, %d failed, want 2000 ok", acks.ok.Load(), acks.failed.Load())
+	}
+	if err := e.p.SendRecord(e.topic, 0, nil, []byte("x"), &acks); !errors.Is(err, kafka.ErrProducerClosed) {
+		t.Fatalf("SendRecord after Close: %v, want ErrProducerClosed", err)
+	}
+	if err := e.p.Send(&sarama.ProducerMessage{Topic: e.topic}, nil); !errors.Is(err, kafka.ErrProducerClosed) {
+		t.Fatalf("Send after Close: %v, want ErrProducerClosed", err)
+	}
+	if err := e.p.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := e.p.Begin(); err == nil {
+		t.Fatal("Begin on a closed non-transactional producer succeeded")
+	}
+}
+
+// A record over Producer.MaxMessageBytes fails at once.
+func TestLeanProducerRecordTooLarge(t *testing.T) {
+	e := newLeanEnv(t, 1)
+	big := make([]byte, e.client.Config().Producer.MaxMessageBytes)
+	err := e.p.SendRecord(e.topic, 0, nil, big, &countAcks{})
+	if !errors.Is(err, sarama.ErrMessageSizeTooLarge) {
+		t.Fatalf("oversized record: %v, want ErrMessageSizeTooLarge", err)
+	}
+	e.flush(t) // nothing in flight
+}
+
+// Send blocks while the unanswered bytes are over the bound (64 MiB) and
+// resumes once the broker answers.
+func TestLeanProducerBackpressure(t *testing.T) {
+	e := newLeanEnv(t, 1)
+	release := make(chan struct{})
+	var held atomic.Bool
+	e.cluster.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		if held.CompareAndSwap(false, true) {
+			e.cluster.SleepControl(func() { <-release })
+		}
+		return nil, nil, false
+	})
+	const n = 100
+	value := make([]byte, 900<<10)
+	var acks countAcks
+	var sent atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range n {
+			if err := e.p.SendRecord(e.topic, 0, nil, value, &acks); err != nil {
+				t.Error(err)
+				return
+			}
+			sent.Add(1)
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	if s := sent.Load(); s >= n || s < 60 {
+		t.Fatalf("%d of %d records sent while the broker holds the first request, want 60..%d", s, n, n-1)
+	}
+	before := sent.Load()
+	time.Sleep(200 * time.Millisecond)
+	if s := sent.Load(); s != before {
+		t.Fatalf("Send did not block: %d then %d records sent", before, s)
+	}
+	close(release)
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("senders still blocked after the release: %d sent", sent.Load())
+	}
+	e.flush(t)
+	if acks.ok.Load() != n {
+		t.Fatalf("%d ok, %d failed, want %d ok", acks.ok.Load(), acks.failed.Load(), n)
+	}
+}
