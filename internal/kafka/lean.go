@@ -230,8 +230,9 @@ func recordSize(key, value []byte, headers []sarama.RecordHeader) int {
 }
 
 // errRecordTooLarge is wrapped by Send's error for a record over
-// Producer.MaxMessageBytes.
-var errRecordTooLarge = sarama.ErrMessageSizeTooLarge
+// Producer.MaxMessageBytes: a sarama.ConfigurationError, as Sarama's own
+// producer reports it (callers classify it as permanent).
+var errRecordTooLarge = sarama.ConfigurationError("Attempt to produce message larger than configured Producer.MaxMessageBytes")
 
 // send queues r for topic[partition]: it blocks while the buffered bytes are
 // over leanMaxBuffered, and counts r in the owner's inFlight.

@@ -490,8 +490,8 @@ func TestLeanProducerRecordTooLarge(t *testing.T) {
 	e := newLeanEnv(t, 1)
 	big := make([]byte, e.client.Config().Producer.MaxMessageBytes)
 	err := e.p.SendRecord(e.topic, 0, nil, big, &countAcks{})
-	if !errors.Is(err, sarama.ErrMessageSizeTooLarge) {
-		t.Fatalf("oversized record: %v, want ErrMessageSizeTooLarge", err)
+	if cerr := new(sarama.ConfigurationError); !errors.As(err, cerr) {
+		t.Fatalf("oversized record: %v, want a sarama.ConfigurationError", err)
 	}
 	e.flush(t) // nothing in flight
 }
