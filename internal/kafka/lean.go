@@ -404,7 +404,13 @@ func (l *leanProducer) collectLocked(now time.Time) ([]*leanRequest, []*leanPart
 		b := pt.batch
 		if b == nil {
 			if l.needPID {
-				continue // a batch failed: the next one waits for a new producer ID
+				// A batch failed: the next one waits for a new producer
+				// ID, which run asks for from pidRetryAt on (at once when
+				// that has passed: run checks before collecting).
+				if now.Before(l.pidRetryAt) {
+					later(l.pidRetryAt)
+				}
+				continue
 			}
 			if !noLinger && (flushBytes <= 0 || pt.pendingBytes < flushBytes) {
 				if until := pt.since.Add(l.conf.Producer.Flush.Frequency); now.Before(until) {

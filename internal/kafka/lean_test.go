@@ -543,3 +543,47 @@ func TestLeanProducerBackpressure(t *testing.T) {
 		t.Fatalf("%d ok, %d failed, want %d ok", acks.ok.Load(), acks.failed.Load(), n)
 	}
 }
+
+// A partition answered NOT_LEADER_OR_FOLLOWER on every attempt fails its
+// records after Producer.Retry.Max retries; once the broker answers again,
+// later records of the partition succeed (new producer ID, sequence 0).
+func TestLeanProducerRetriesExhausted(t *testing.T) {
+	e := newLeanEnv(t, 1)
+	var failing atomic.Bool
+	failing.Store(true)
+	var attempts atomic.Int32
+	e.cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.cluster.KeepControl()
+		if !failing.Load() {
+			return nil, nil, false
+		}
+		attempts.Add(1)
+		return errorResponse(req, func(string, int32) int16 { return 6 }), nil, true
+	})
+	l := newAckLog()
+	for i := range 20 {
+		e.send(t, l, 0, fmt.Sprintf("a-%d", i))
+	}
+	e.flush(t)
+	l.mu.Lock()
+	failed := len(l.errs[0])
+	l.mu.Unlock()
+	if failed != 20 {
+		t.Fatalf("%d of 20 records failed, want all", failed)
+	}
+	if want := int32(e.client.Config().Producer.Retry.Max + 1); attempts.Load() != want {
+		t.Fatalf("%d attempts, want %d", attempts.Load(), want)
+	}
+	failing.Store(false)
+	for i := 20; i < 40; i++ {
+		e.send(t, l, 0, fmt.Sprintf("a-%d", i))
+	}
+	e.flush(t)
+	l.mu.Lock()
+	ok := len(l.values[0])
+	l.mu.Unlock()
+	if ok != 20 {
+		t.Fatalf("%d records sent after the broker recovered succeeded, want 20", ok)
+	}
+	e.checkLog(t, l, 1)
+}

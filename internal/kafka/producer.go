@@ -12,13 +12,18 @@ import (
 )
 
 // DeliveryFunc receives the broker's answer for one record: its partition and
-// offset on success, or the error after Sarama's retries. It runs on the
-// producer's delivery goroutine and must not block for long.
+// offset on success, or the error after the producer's retries. It runs on the
+// producer's delivery goroutine (without a transactional ID: the goroutine
+// reading the broker's responses) and must not block for long.
 type DeliveryFunc func(partition int32, offset int64, err error)
 
 // Producer sends records asynchronously and reports each record's delivery to
 // the callback given with it. Delivery reports for one partition arrive in
 // offset order (idempotent producer, one request in flight).
+//
+// Without a transactional ID the producer is a leanProducer (Runnel's own
+// idempotent producer, see lean.go), and the fields below up to lean are
+// unused except inFlight, waiters, mu and cond (Flush, Close).
 //
 // A transactional producer that can no longer go on (fenced, or its
 // transaction aborted by the broker) is replaced in place by Renew: callers
@@ -158,7 +163,11 @@ var ErrProducerClosed = fmt.Errorf("kafka: producer is closed")
 // Send queues msg for msg.Partition (the manual partitioner: callers choose the
 // partition, with PartitionFor for keyed records); done (may be nil) gets its
 // delivery report. Send returns ErrProducerClosed after Close; it blocks while
-// Sarama's input buffer is full.
+// Sarama's input buffer is full (transactional) or while 64 MiB of records
+// wait for their answer (non-transactional). Without a transactional ID, a
+// record over Producer.MaxMessageBytes is refused at once with an error
+// wrapping a sarama.ConfigurationError (Sarama's producer reports that error
+// in the record's delivery report instead).
 func (p *Producer) Send(msg *sarama.ProducerMessage, done DeliveryFunc) error {
 	if p.lean != nil {
 		r := leanRecord{headers: msg.Headers, ts: msg.Timestamp, msg: msg, done: done}
@@ -227,8 +236,9 @@ var ErrTransactionFailed = errors.New("kafka: transaction failed; record not sen
 var ErrProducerNotReady = fmt.Errorf("kafka: producer is not ready (renew failed)")
 
 // Acker receives the broker's answer for one record sent with SendRecord:
-// its offset, or the error after Sarama's retries. It runs on the producer's
-// delivery goroutine and must not block for long.
+// its offset, or the error after the producer's retries. It runs on the
+// producer's delivery goroutine (without a transactional ID: the goroutine
+// reading the broker's responses) and must not block for long.
 type Acker interface {
 	Acked(offset int64, err error)
 }
