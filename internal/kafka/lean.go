@@ -65,6 +65,20 @@ type leanProducer struct {
 	wake chan struct{}
 	// stopped is closed when run returned.
 	stopped chan struct{}
+	// The delivery reports run on one goroutine of their own (reporter), in
+	// the order their jobs were queued: a broker's response goroutine, and
+	// run, only queue them, so neither waits for a report (a report may
+	// take locks a sender holds while it waits in Send for buffer space,
+	// and Sarama's next AsyncProduce to a broker waits for the broker's
+	// response goroutine). A partition's next batch is cut only after its
+	// job ran (finish), so its reports stay in offset order. rmu guards
+	// rq and rstop; rcond is signalled on both; reported is closed when
+	// the reporter returned.
+	rmu      sync.Mutex
+	rcond    *sync.Cond
+	rq       []leanJob
+	rstop    bool
+	reported chan struct{}
 	// closeOnce guards close; closeDone is closed once close finished.
 	closeOnce sync.Once
 	closeDone chan struct{}
@@ -174,17 +188,27 @@ func newLeanProducer(p *Producer, client sarama.Client) (*leanProducer, error) {
 		maxRequest: int(sarama.MaxRequestSize) - 10<<10,
 		wake:       make(chan struct{}, 1),
 		stopped:    make(chan struct{}),
+		reported:   make(chan struct{}),
 		closeDone:  make(chan struct{}),
 		parts:      make(map[topicPartition]*leanPartition),
 		busy:       make(map[*sarama.Broker]bool),
 	}
 	l.space = sync.NewCond(&l.mu)
+	l.rcond = sync.NewCond(&l.rmu)
+	// A broker that just started may not answer InitProducerId yet
+	// (COORDINATOR_LOAD_IN_PROGRESS, a connection refused): try as often as
+	// a record would be.
 	pid, epoch, err := l.initProducerID()
+	for try := 0; err != nil && try < conf.Producer.Retry.Max; try++ {
+		time.Sleep(max(conf.Producer.Retry.Backoff, 10*time.Millisecond))
+		pid, epoch, err = l.initProducerID()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("new producer: %w", err)
 	}
 	l.pid, l.epoch, l.pidGen = pid, epoch, 1
 	go l.run()
+	go l.reporter()
 	return l, nil
 }
 
@@ -642,14 +666,20 @@ func (l *leanProducer) answer(r *leanRequest, resp *sarama.ProduceResponse, err 
 	l.mu.Lock()
 	delete(l.busy, r.broker)
 	now := time.Now()
+	// notSent: the broker was not connected (closed by a connection error
+	// of ours, or by Sarama's client after one of its own requests failed),
+	// so nothing was written: the batches go to the leader looked up again
+	// (client.Leader reopens the broker) without counting an attempt.
+	notSent := errors.Is(err, sarama.ErrNotConnected)
 	if err != nil {
 		// The connection is in an unknown state: close it (run does) so
-		// that the next use reconnects, and resolve every leader on it again.
+		// that the next use reconnects, and resolve every leader on it
+		// again, also of partitions idle now.
 		var kerr sarama.KError
-		if !errors.As(err, &kerr) {
+		if !errors.As(err, &kerr) && !notSent {
 			l.toClose = append(l.toClose, r.broker)
 		}
-		for _, pt := range l.active {
+		for _, pt := range l.parts {
 			if pt.leader == r.broker {
 				pt.leader = nil
 			}
@@ -675,6 +705,10 @@ func (l *leanProducer) answer(r *leanRequest, resp *sarama.ProduceResponse, err 
 				continue
 			}
 		}
+		if notSent {
+			b.sent = false // pt.leader was cleared above
+			continue
+		}
 		if retriable(berr) {
 			pt.leader, pt.refresh = nil, true
 			if l.retryLocked(b, now) {
@@ -691,29 +725,78 @@ func (l *leanProducer) answer(r *leanRequest, resp *sarama.ProduceResponse, err 
 	l.mu.Unlock()
 
 	for _, a := range acked {
-		for i := range a.b.recs {
-			off := int64(-1)
-			if a.base >= 0 {
-				off = a.base + int64(i)
-			}
-			l.report(a.pt, &a.b.recs[i], off, nil)
-		}
+		l.enqueue(leanJob{pt: a.pt, recs: a.b.recs, base: a.base})
 	}
 	for _, f := range failed {
 		l.fail(f.pt, f.err)
 	}
-	if len(acked) > 0 {
-		l.mu.Lock()
-		for _, a := range acked {
-			l.finishLocked(a.pt)
-		}
-		l.mu.Unlock()
-	}
 	l.kick()
 }
 
-// fail reports err for pt's batch (sent: true, owned by the caller) and for
-// every record pending behind it, in order, and asks for a new producer ID:
+// leanJob is the delivery reports of one partition's batch, run by the
+// reporter: recs succeeded at base+index (base -1: offsets unknown) when
+// err is nil; with err, recs and then pending failed with it. After the
+// reports the partition's batch ends (finishLocked).
+type leanJob struct {
+	pt      *leanPartition
+	recs    []leanRecord
+	pending []leanRecord
+	base    int64
+	err     error
+}
+
+// enqueue hands j to the reporter.
+func (l *leanProducer) enqueue(j leanJob) {
+	l.rmu.Lock()
+	l.rq = append(l.rq, j)
+	l.rmu.Unlock()
+	l.rcond.Signal()
+}
+
+// reporter runs the queued jobs in order until close stops it with the
+// queue empty.
+func (l *leanProducer) reporter() {
+	defer close(l.reported)
+	var jobs []leanJob
+	for {
+		l.rmu.Lock()
+		for len(l.rq) == 0 && !l.rstop {
+			l.rcond.Wait()
+		}
+		if len(l.rq) == 0 {
+			l.rmu.Unlock()
+			return
+		}
+		jobs, l.rq = l.rq, jobs[:0]
+		l.rmu.Unlock()
+		for i := range jobs {
+			l.runJob(&jobs[i])
+			jobs[i] = leanJob{}
+		}
+	}
+}
+
+// runJob runs j's delivery reports, then ends its partition's batch.
+func (l *leanProducer) runJob(j *leanJob) {
+	for i := range j.recs {
+		off := int64(-1)
+		if j.err == nil && j.base >= 0 {
+			off = j.base + int64(i)
+		}
+		l.report(j.pt, &j.recs[i], off, j.err)
+	}
+	for i := range j.pending {
+		l.report(j.pt, &j.pending[i], -1, j.err)
+	}
+	l.mu.Lock()
+	l.finishLocked(j.pt)
+	l.mu.Unlock()
+	l.kick()
+}
+
+// fail queues the reports of err for pt's batch (sent: true, owned by the
+// caller) and for every record pending behind it, in order, and asks for a
+// new producer ID:
 // the broker may or may not have written the batch, so its sequence is out
 // of step.
 func (l *leanProducer) fail(pt *leanPartition, err error) {
@@ -729,16 +812,7 @@ func (l *leanProducer) fail(pt *leanPartition, err error) {
 	l.needPID = true
 	pt.pidGen = 0
 	l.mu.Unlock()
-	for i := range b.recs {
-		l.report(pt, &b.recs[i], -1, err)
-	}
-	for i := range pending {
-		l.report(pt, &pending[i], -1, err)
-	}
-	l.mu.Lock()
-	l.finishLocked(pt)
-	l.mu.Unlock()
-	l.kick()
+	l.enqueue(leanJob{pt: pt, recs: b.recs, pending: pending, err: err})
 }
 
 // finishLocked ends pt's batch after its reports: the next batch may be cut,
@@ -765,35 +839,25 @@ func (l *leanProducer) renewPID() {
 		l.mu.Unlock()
 		return
 	}
-	l.pidRetryAt = time.Now().Add(l.conf.Producer.Retry.Backoff)
-	type dropped struct {
-		pt   *leanPartition
-		recs []leanRecord
-	}
-	var drop []dropped
+	l.pidRetryAt = time.Now().Add(max(l.conf.Producer.Retry.Backoff, 10*time.Millisecond))
+	var drop []leanJob
 	for _, pt := range l.active {
 		if pt.batch == nil && len(pt.pending) > 0 {
-			drop = append(drop, dropped{pt, pt.pending})
+			drop = append(drop, leanJob{pt: pt, pending: pt.pending, err: err})
 			for i := range pt.pending {
 				l.buffered -= pt.pending[i].size
 			}
 			pt.pending, pt.pendingBytes = nil, 0
-			// Later records wait behind these reports.
+			// Later records wait behind these reports (the job's
+			// finishLocked ends this empty batch).
 			pt.batch = &leanBatch{sent: true}
 		}
 	}
 	l.space.Broadcast()
 	l.mu.Unlock()
-	for _, d := range drop {
-		for i := range d.recs {
-			l.report(d.pt, &d.recs[i], -1, err)
-		}
+	for _, j := range drop {
+		l.enqueue(j)
 	}
-	l.mu.Lock()
-	for _, d := range drop {
-		d.pt.batch = nil
-	}
-	l.mu.Unlock()
 }
 
 // report runs r's delivery report and counts it answered.
@@ -840,6 +904,11 @@ func (l *leanProducer) close() {
 		l.mu.Unlock()
 		l.kick()
 		<-l.stopped
+		l.rmu.Lock()
+		l.rstop = true
+		l.rmu.Unlock()
+		l.rcond.Broadcast()
+		<-l.reported
 		close(l.closeDone)
 	})
 	<-l.closeDone
