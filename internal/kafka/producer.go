@@ -13,8 +13,9 @@ import (
 
 // DeliveryFunc receives the broker's answer for one record: its partition and
 // offset on success, or the error after the producer's retries. It runs on the
-// producer's delivery goroutine (without a transactional ID: the goroutine
-// reading the broker's responses) and must not block for long.
+// producer's delivery goroutine (without a transactional ID: the lean
+// producer's reporter, one goroutine for every partition) and must not block
+// for long, nor call the producer's Send, Flush or Close.
 type DeliveryFunc func(partition int32, offset int64, err error)
 
 // Producer sends records asynchronously and reports each record's delivery to
@@ -237,8 +238,9 @@ var ErrProducerNotReady = fmt.Errorf("kafka: producer is not ready (renew failed
 
 // Acker receives the broker's answer for one record sent with SendRecord:
 // its offset, or the error after the producer's retries. It runs on the
-// producer's delivery goroutine (without a transactional ID: the goroutine
-// reading the broker's responses) and must not block for long.
+// producer's delivery goroutine (without a transactional ID: the lean
+// producer's reporter, one goroutine for every partition) and must not block
+// for long, nor call the producer's Send, Flush or Close.
 type Acker interface {
 	Acked(offset int64, err error)
 }
