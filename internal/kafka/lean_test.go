@@ -516,7 +516,7 @@ func TestLeanProducerRecordTooLarge(t *testing.T) {
 	e.flush(t) // nothing in flight
 }
 
-// Send blocks while the unanswered bytes are over the bound (32 MiB) and
+// Send blocks while the unanswered bytes are over the bound (16 MiB) and
 // resumes once the broker answers.
 func TestLeanProducerBackpressure(t *testing.T) {
 	e := newLeanEnv(t, 1)
@@ -544,9 +544,9 @@ func TestLeanProducerBackpressure(t *testing.T) {
 		}
 	}()
 	time.Sleep(500 * time.Millisecond)
-	// 32 MiB holds 36 records of 900 KiB: the 37th waits.
-	if s := sent.Load(); s < 30 || s > 40 {
-		t.Fatalf("%d of %d records sent while the broker holds the first request, want 30..40", s, n)
+	// 16 MiB holds 18 records of 900 KiB: the 19th waits.
+	if s := sent.Load(); s < 15 || s > 20 {
+		t.Fatalf("%d of %d records sent while the broker holds the first request, want 15..20", s, n)
 	}
 	before := sent.Load()
 	time.Sleep(200 * time.Millisecond)

@@ -164,7 +164,7 @@ var ErrProducerClosed = fmt.Errorf("kafka: producer is closed")
 // Send queues msg for msg.Partition (the manual partitioner: callers choose the
 // partition, with PartitionFor for keyed records); done (may be nil) gets its
 // delivery report. Send returns ErrProducerClosed after Close; it blocks while
-// Sarama's input buffer is full (transactional) or while 32 MiB of records
+// Sarama's input buffer is full (transactional) or while 16 MiB of records
 // wait for their answer (non-transactional). Without a transactional ID, a
 // record over Producer.MaxMessageBytes is refused at once with an error
 // wrapping a sarama.ConfigurationError (Sarama's producer reports that error
