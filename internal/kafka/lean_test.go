@@ -52,7 +52,10 @@ func newLeanEnvTier(t *testing.T, parts int32) *leanEnv {
 	return newLeanEnvOn(t, nil, testbroker.Brokers(t), parts)
 }
 
-func newLeanEnvOn(t *testing.T, cluster *kfake.Cluster, addrs []string, parts int32) *leanEnv {
+// newLeanEnvOn is newLeanEnv on the broker at addrs (cluster, when not nil,
+// is that broker for fault injection); configure changes the producer's
+// configuration.
+func newLeanEnvOn(t *testing.T, cluster *kfake.Cluster, addrs []string, parts int32, configure ...func(*sarama.Config)) *leanEnv {
 	t.Helper()
 	e := &leanEnv{cluster: cluster, addrs: addrs, topic: testbroker.Topic(t, "lean")}
 	admin, err := sarama.NewClusterAdmin(e.addrs, testbroker.SaramaConfig(t))
@@ -65,6 +68,9 @@ func newLeanEnvOn(t *testing.T, cluster *kfake.Cluster, addrs []string, parts in
 	}
 	cfg := kafka.NewConfig("lean-test", testbroker.Version(t), kafka.TestTimeouts)
 	cfg.Producer.Retry.Backoff = 10 * time.Millisecond
+	for _, f := range configure {
+		f(cfg)
+	}
 	if e.client, err = sarama.NewClient(e.addrs, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -607,4 +613,98 @@ func TestLeanProducerRetriesExhausted(t *testing.T) {
 		t.Fatalf("%d records sent after the broker recovered succeeded, want 20", ok)
 	}
 	e.checkLog(t, l, 1)
+}
+
+// Partition leaders move between three brokers while records are sent: the
+// producer follows them (NOT_LEADER_OR_FOLLOWER, a metadata refresh, the same
+// batch to the new leader) and every record is in the log once, in order,
+// reported successful with its offset.
+func TestLeanProducerFollowsMovingLeaders(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	const parts = 4
+	e := newLeanEnvOn(t, c, c.ListenAddrs(), parts)
+	// The producer's client asks for metadata while sending only when a
+	// broker said it no longer leads a partition.
+	var counting atomic.Bool
+	var refreshes atomic.Int32
+	c.ControlKey(int16(kmsg.Metadata), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if counting.Load() {
+			refreshes.Add(1)
+		}
+		return nil, nil, false
+	})
+	counting.Store(true)
+	stop := make(chan struct{})
+	moved := make(chan int)
+	go func() {
+		n := 0
+		defer func() { moved <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(15 * time.Millisecond):
+			}
+			for p := range int32(parts) {
+				next := (c.LeaderFor(e.topic, p) + 1) % 3
+				if err := c.MoveTopicPartition(e.topic, p, next); err != nil {
+					t.Errorf("move %s[%d] to %d: %v", e.topic, p, next, err)
+					return
+				}
+			}
+			n++
+		}
+	}()
+	l := newAckLog()
+	e.sendMany(t, l, 4, 4000, parts)
+	close(stop)
+	moves := <-moved
+	e.flush(t)
+	counting.Store(false)
+	total := 0
+	for part := range int32(parts) {
+		if n := len(l.errs[part]); n > 0 {
+			t.Fatalf("partition %d: %d records failed (first: %s)", part, n, l.errs[part][0])
+		}
+		total += len(l.values[part])
+	}
+	if total != 4*4000 {
+		t.Fatalf("%d successful reports, want %d", total, 4*4000)
+	}
+	if moves < 3 || refreshes.Load() == 0 {
+		t.Fatalf("leaders moved %d times while sending and the producer refreshed metadata %d times, want at least 3 and 1",
+			moves, refreshes.Load())
+	}
+	t.Logf("leaders of %d partitions moved %d times; %d metadata refreshes", parts, moves, refreshes.Load())
+	e.checkLog(t, l, parts)
+}
+
+// With Producer.Compression set, the batches are compressed and read back
+// whole and in order, on the test tier's broker.
+func TestLeanProducerCompressed(t *testing.T) {
+	for _, codec := range []sarama.CompressionCodec{sarama.CompressionSnappy, sarama.CompressionZSTD} {
+		t.Run(codec.String(), func(t *testing.T) {
+			const parts = 2
+			e := newLeanEnvOn(t, nil, testbroker.Brokers(t), parts, func(c *sarama.Config) { c.Producer.Compression = codec })
+			l := newAckLog()
+			e.sendMany(t, l, 2, 3000, parts)
+			e.flush(t)
+			total := 0
+			for part := range int32(parts) {
+				if n := len(l.errs[part]); n > 0 {
+					t.Fatalf("partition %d: %d records failed (first: %s)", part, n, l.errs[part][0])
+				}
+				total += len(l.values[part])
+			}
+			if total != 2*3000 {
+				t.Fatalf("%d successful reports, want %d", total, 2*3000)
+			}
+			e.checkLog(t, l, parts)
+		})
+	}
 }
