@@ -94,6 +94,24 @@ func newAckLog() *ackLog {
 	return &ackLog{offsets: map[int32][]int64{}, values: map[int32][]string{}, errs: map[int32][]string{}}
 }
 
+// allSucceeded fails the test unless every report in l is a success and
+// there are want of them over partitions 0..parts-1.
+func (l *ackLog) allSucceeded(t *testing.T, parts int32, want int) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	total := 0
+	for part := range parts {
+		if errs := l.errs[part]; len(errs) > 0 {
+			t.Fatalf("partition %d: %d records failed (first: %s)", part, len(errs), errs[0])
+		}
+		total += len(l.values[part])
+	}
+	if total != want {
+		t.Fatalf("%d successful reports, want %d", total, want)
+	}
+}
+
 // acker is one record's Acker.
 type acker struct {
 	log   *ackLog
@@ -248,16 +266,7 @@ func TestLeanProducerManyRecords(t *testing.T) {
 	l := newAckLog()
 	e.sendMany(t, l, 4, 5000, parts)
 	e.flush(t)
-	total := 0
-	for part := range int32(parts) {
-		if n := len(l.errs[part]); n > 0 {
-			t.Fatalf("partition %d: %d records failed", part, n)
-		}
-		total += len(l.values[part])
-	}
-	if total != 4*5000 {
-		t.Fatalf("%d successful reports, want %d", total, 4*5000)
-	}
+	l.allSucceeded(t, parts, 4*5000)
 	e.checkLog(t, l, parts)
 }
 
@@ -379,16 +388,7 @@ func TestLeanProducerRetriableErrors(t *testing.T) {
 		e.send(t, l, int32(extra%parts), fmt.Sprintf("x-%d", extra))
 		e.flush(t)
 	}
-	total := 0
-	for part := range int32(parts) {
-		if errs := l.errs[part]; len(errs) > 0 {
-			t.Fatalf("partition %d: %d records failed", part, len(errs))
-		}
-		total += len(l.values[part])
-	}
-	if total != 3*3000+extra {
-		t.Fatalf("%d successful reports, want %d", total, 3*3000+extra)
-	}
+	l.allSucceeded(t, parts, 3*3000+extra)
 	if notLeader.Load() == 0 || dropped.Load() < 2 || written.Load() < 2 {
 		t.Fatalf("faults injected: %d not-leader, %d dropped, %d written then dropped (%d requests)",
 			notLeader.Load(), dropped.Load(), written.Load(), n.Load())
@@ -666,16 +666,7 @@ func TestLeanProducerFollowsMovingLeaders(t *testing.T) {
 	moves := <-moved
 	e.flush(t)
 	counting.Store(false)
-	total := 0
-	for part := range int32(parts) {
-		if n := len(l.errs[part]); n > 0 {
-			t.Fatalf("partition %d: %d records failed (first: %s)", part, n, l.errs[part][0])
-		}
-		total += len(l.values[part])
-	}
-	if total != 4*4000 {
-		t.Fatalf("%d successful reports, want %d", total, 4*4000)
-	}
+	l.allSucceeded(t, parts, 4*4000)
 	if moves < 3 || refreshes.Load() == 0 {
 		t.Fatalf("leaders moved %d times while sending and the producer refreshed metadata %d times, want at least 3 and 1",
 			moves, refreshes.Load())
@@ -694,16 +685,7 @@ func TestLeanProducerCompressed(t *testing.T) {
 			l := newAckLog()
 			e.sendMany(t, l, 2, 3000, parts)
 			e.flush(t)
-			total := 0
-			for part := range int32(parts) {
-				if n := len(l.errs[part]); n > 0 {
-					t.Fatalf("partition %d: %d records failed (first: %s)", part, n, l.errs[part][0])
-				}
-				total += len(l.values[part])
-			}
-			if total != 2*3000 {
-				t.Fatalf("%d successful reports, want %d", total, 2*3000)
-			}
+			l.allSucceeded(t, parts, 2*3000)
 			e.checkLog(t, l, parts)
 		})
 	}
