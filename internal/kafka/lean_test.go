@@ -690,3 +690,74 @@ func TestLeanProducerCompressed(t *testing.T) {
 		})
 	}
 }
+
+// A batch fails for good, and the first InitProducerId after it fails too:
+// the records waiting then fail with that error (in order, nothing written),
+// the producer asks again after the backoff, and the records after that
+// succeed under the new producer ID.
+func TestLeanProducerRenewFails(t *testing.T) {
+	e := newLeanEnv(t, 1)
+	var inits atomic.Int32
+	e.cluster.ControlKey(int16(kmsg.InitProducerID), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.cluster.KeepControl()
+		if inits.Add(1) != 1 { // the producer's own (at start) came before this control
+			return nil, nil, false
+		}
+		resp := req.ResponseKind().(*kmsg.InitProducerIDResponse)
+		resp.ErrorCode = 15 // COORDINATOR_NOT_AVAILABLE
+		return resp, nil, true
+	})
+	var refused atomic.Bool
+	e.cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		e.cluster.KeepControl()
+		if refused.Swap(true) {
+			return nil, nil, false
+		}
+		return errorResponse(req, func(string, int32) int16 { return 87 /* INVALID_RECORD */ }), nil, true
+	})
+	l := newAckLog()
+	for i := range 10 {
+		e.send(t, l, 0, fmt.Sprintf("a-%d", i))
+	}
+	e.flush(t)
+	if n := len(l.errs[0]); n != 10 {
+		t.Fatalf("%d of the 10 records of the refused batch failed, want 10", n)
+	}
+	// The next records make the producer renew its ID; the first renewal
+	// fails, so the records waiting then fail with its error.
+	var initErrs atomic.Int32
+	for i := 10; i < 30; i++ {
+		v := fmt.Sprintf("a-%d", i)
+		a := &acker{log: l, part: 0, value: v}
+		if err := e.p.SendRecord(e.topic, 0, nil, []byte(v), ackFunc(func(off int64, err error) {
+			if err != nil && strings.Contains(err.Error(), "init producer id") {
+				initErrs.Add(1)
+			}
+			a.Acked(off, err)
+		})); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	e.flush(t)
+	if initErrs.Load() == 0 {
+		t.Fatalf("no record failed with the failed InitProducerId's error (%d failed in all)", len(l.errs[0]))
+	}
+	if inits.Load() < 2 {
+		t.Fatalf("%d InitProducerId requests after the start, want at least 2 (the failed renewal, the next)", inits.Load())
+	}
+	before := len(l.values[0])
+	for i := 30; i < 40; i++ {
+		e.send(t, l, 0, fmt.Sprintf("a-%d", i))
+	}
+	e.flush(t)
+	if got := len(l.values[0]) - before; got != 10 {
+		t.Fatalf("%d of the 10 records after the renewal succeeded, want 10", got)
+	}
+	e.checkLog(t, l, 1)
+}
+
+// ackFunc adapts a function to kafka.Acker.
+type ackFunc func(offset int64, err error)
+
+func (f ackFunc) Acked(offset int64, err error) { f(offset, err) }
