@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -42,7 +43,8 @@ const leanBatchOverhead = 49
 // records into a record batch and sends, per broker, one ProduceRequest at a
 // time carrying the ready batches of every partition that broker leads; the
 // broker's response goroutine (Sarama's, through AsyncProduce's callback)
-// handles the answer and runs the delivery reports itself.
+// handles the answer and queues the delivery reports for the reporter
+// goroutine.
 //
 // Invariants:
 //   - every field below mu is guarded by mu, and so are the fields of every
@@ -53,7 +55,7 @@ const leanBatchOverhead = 49
 //     and a retry resends the same batch with the same sequence;
 //   - a broker has at most one request of ours in flight (busy);
 //   - mu is never held while calling Sarama's broker or client, nor while
-//     running a delivery report (a report may call Send).
+//     running a delivery report (a report takes locks of its own).
 //
 // Lock order: Producer.mu is never taken under mu (reports run unlocked).
 type leanProducer struct {
@@ -279,8 +281,9 @@ func (l *leanProducer) send(topic string, partition int32, r leanRecord) error {
 	if partition < 0 {
 		return fmt.Errorf("produce %s[%d]: invalid partition: %w", topic, partition, sarama.ErrInvalidPartition)
 	}
+	now := time.Now()
 	if r.ts.IsZero() {
-		r.ts = time.Now()
+		r.ts = now
 	}
 	r.ts = r.ts.Truncate(time.Millisecond)
 	l.mu.Lock()
@@ -301,7 +304,7 @@ func (l *leanProducer) send(topic string, partition int32, r leanRecord) error {
 	}
 	kick := false
 	if len(pt.pending) == 0 {
-		pt.since = time.Now()
+		pt.since = now
 		kick = true
 		if pt.pending == nil && pt.spare != nil {
 			pt.pending, pt.spare = pt.spare, nil
@@ -360,19 +363,21 @@ func (l *leanProducer) run() {
 		closing := l.toClose
 		l.toClose = nil
 		now := time.Now()
-		if l.needPID && !now.Before(l.pidRetryAt) && l.anyPendingLocked() {
-			l.mu.Unlock()
-			for _, b := range closing {
-				_ = b.Close()
-			}
-			l.renewPID()
-			continue
+		renew := l.needPID && !now.Before(l.pidRetryAt) && l.anyPendingLocked()
+		var reqs []*leanRequest
+		var resolve []*leanPartition
+		var next time.Time
+		if !renew {
+			reqs, resolve, next = l.collectLocked(now)
 		}
-		reqs, resolve, next := l.collectLocked(now)
 		l.mu.Unlock()
 
 		for _, b := range closing {
 			_ = b.Close()
+		}
+		if renew {
+			l.renewPID()
+			continue
 		}
 		for _, r := range reqs {
 			l.sendRequest(r)
@@ -906,7 +911,7 @@ func (l *leanProducer) close() {
 		l.space.Broadcast()
 		l.mu.Unlock()
 		l.kick()
-		l.p.waitDrained()
+		_ = l.p.Flush(context.Background()) // fails only when its ctx ends
 		l.mu.Lock()
 		l.stopping = true
 		l.mu.Unlock()

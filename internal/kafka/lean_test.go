@@ -687,6 +687,9 @@ func TestLeanProducerCompressed(t *testing.T) {
 			e.flush(t)
 			l.allSucceeded(t, parts, 2*3000)
 			e.checkLog(t, l, parts)
+			if got := e.firstBatchCodec(t, 0); got != codec {
+				t.Fatalf("the log's first batch of partition 0 is compressed with %v, want %v", got, codec)
+			}
 		})
 	}
 }
@@ -755,6 +758,35 @@ func TestLeanProducerRenewFails(t *testing.T) {
 		t.Fatalf("%d of the 10 records after the renewal succeeded, want 10", got)
 	}
 	e.checkLog(t, l, 1)
+}
+
+// firstBatchCodec fetches the first record batch of partition part as
+// written and returns its compression codec.
+func (e *leanEnv) firstBatchCodec(t *testing.T, part int32) sarama.CompressionCodec {
+	t.Helper()
+	b, err := e.client.Leader(e.topic, part)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fetch v10 or later: a broker answers older fetches of zstd batches with
+	// UNSUPPORTED_COMPRESSION_TYPE.
+	req := &sarama.FetchRequest{Version: 11, MaxWaitTime: 100, MinBytes: 1, MaxBytes: 1 << 20}
+	req.AddBlock(e.topic, part, 0, 1<<20, -1)
+	resp, err := b.Fetch(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk := resp.GetBlock(e.topic, part)
+	if blk == nil || blk.Err != sarama.ErrNoError {
+		t.Fatalf("fetch %s[%d]: %v", e.topic, part, blk)
+	}
+	for _, rs := range blk.RecordsSet {
+		if rs != nil && rs.RecordBatch != nil {
+			return rs.RecordBatch.Codec
+		}
+	}
+	t.Fatalf("fetch %s[%d]: no record batch", e.topic, part)
+	return sarama.CompressionNone
 }
 
 // ackFunc adapts a function to kafka.Acker.

@@ -343,17 +343,6 @@ func (p *Producer) Close() error {
 // producer without a transactional ID.
 var errNotTransactional = fmt.Errorf("kafka: producer is not transactional: %w", sarama.ErrNonTransactedProducer)
 
-// waitDrained waits until every record sent has its delivery report.
-func (p *Producer) waitDrained() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.waiters.Add(1)
-	defer p.waiters.Add(-1)
-	for p.inFlight.Load() != 0 {
-		p.cond.Wait()
-	}
-}
-
 // ErrRenewClosed is returned by Renew after Close.
 var ErrRenewClosed = fmt.Errorf("kafka: renew: %w", ErrProducerClosed)
 
