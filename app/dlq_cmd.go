@@ -377,7 +377,7 @@ func (a *App) ReplayDeadLetters(ctx context.Context, agent string, o ReplayOptio
 	}
 	var prod *kafka.Producer
 	if !o.DryRun {
-		if prod, err = kafka.NewProducer(client); err != nil {
+		if prod, err = kafka.NewProducer(kafka.ProducerConfigOf(client)); err != nil {
 			return st, err
 		}
 		defer prod.Close()

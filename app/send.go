@@ -377,7 +377,7 @@ func sendLines(ctx context.Context, client sarama.Client, topic string, partitio
 	if partitions < 1 {
 		return st, fmt.Errorf("send to %s: %d partitions", topic, partitions)
 	}
-	p, err := kafka.NewProducer(client)
+	p, err := kafka.NewProducer(kafka.ProducerConfigOf(client))
 	if err != nil {
 		return st, fmt.Errorf("send to %s: %w", topic, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/task"
 	"github.com/runnel-dev/runnel/stores"
 	"github.com/runnel-dev/runnel/table"
@@ -673,21 +674,9 @@ func (w *Worker) commitOnce(sess sarama.ConsumerGroupSession, reqs []*commitReq)
 
 // permanent reports whether a changelog write failed for a reason no retry
 // fixes: the record is too large, the worker may not write the topic, or the
-// topic does not exist (it was deleted under the worker).
-func permanent(err error) bool {
-	var cerr sarama.ConfigurationError
-	if errors.As(err, &cerr) {
-		return true // e.g. a record above Producer.MaxMessageBytes
-	}
-	for _, kerr := range []sarama.KError{sarama.ErrMessageSizeTooLarge, sarama.ErrTopicAuthorizationFailed,
-		sarama.ErrClusterAuthorizationFailed, sarama.ErrUnknownTopicOrPartition, sarama.ErrInvalidTopic,
-		sarama.ErrTransactionalIDAuthorizationFailed} {
-		if errors.Is(err, kerr) {
-			return true
-		}
-	}
-	return false
-}
+// topic does not exist (it was deleted under the worker, or stayed unknown
+// for the whole delivery timeout): kafka.Permanent.
+func permanent(err error) bool { return kafka.Permanent(err) }
 
 // idleCommit is how long a task's sources must hand out nothing before it
 // cycles early (Config.IdleCommit); 0 disables it.

@@ -338,13 +338,26 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	// request in flight per connection (idempotence), a changelog or sink
 	// record would otherwise wait behind fetch long-polls of the group
 	// consumer and the standby followers, up to the fetch max wait each.
-	prodClient, err := sarama.NewClient(brokers, &pc)
-	if err != nil {
-		return fmt.Errorf("producer client: %w", err)
-	}
-	closers = append(closers, prodClient.Close)
-	if w.producer, err = kafka.NewProducer(prodClient); err != nil {
-		return err
+	if w.txn != nil {
+		prodClient, err := sarama.NewClient(brokers, &pc)
+		if err != nil {
+			return fmt.Errorf("producer client: %w", err)
+		}
+		closers = append(closers, prodClient.Close)
+		if w.producer, err = kafka.NewTxnProducer(prodClient); err != nil {
+			return err
+		}
+	} else {
+		// Under at-least-once a kgo client produces every derived record.
+		// A record waits for its answer as long as a cycle waits for its
+		// acks (flushBudget): every retriable error (a leader moving or
+		// down, a changelog's metadata still propagating) is retried
+		// within it, and the cycle gives up at the same point.
+		w.producer, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: brokers, ClientID: "runnel-" + w.app.id,
+			Security: w.sec, DeliveryTimeout: w.flushBudget(), Logger: w.log})
+		if err != nil {
+			return err
+		}
 	}
 	closers = append(closers, w.producer.Close)
 	if w.txn != nil {

@@ -131,7 +131,7 @@ func produce(t *testing.T, brokers []string, topic string, cs []change) {
 	}
 	defer client.Close()
 	testbroker.WaitTopic(t, client, topic)
-	p, err := kafka.NewProducer(client)
+	p, err := kafka.NewProducer(kafka.ProducerConfigOf(client))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,7 +64,7 @@ func run(ctx context.Context, natsURL string, brokers []string, stream, topic st
 		return fmt.Errorf("connect to Kafka: %w", err)
 	}
 	defer client.Close()
-	prod, err := kafka.NewProducer(client)
+	prod, err := kafka.NewProducer(kafka.ProducerConfigOf(client))
 	if err != nil {
 		return err
 	}

@@ -13,18 +13,19 @@ import (
 
 // DeliveryFunc receives the broker's answer for one record: its partition and
 // offset on success, or the error after the producer's retries. It runs on the
-// producer's delivery goroutine (without a transactional ID: the lean
-// producer's reporter, one goroutine for every partition) and must not block
-// for long, nor call the producer's Send, Flush or Close.
+// producer's delivery goroutine (without a transactional ID: kgo's promise
+// goroutine, one for every partition) and must not block for long, nor call
+// the producer's Send, Flush or Close.
 type DeliveryFunc func(partition int32, offset int64, err error)
 
 // Producer sends records asynchronously and reports each record's delivery to
 // the callback given with it. Delivery reports for one partition arrive in
 // offset order (idempotent producer, one request in flight).
 //
-// Without a transactional ID the producer is a leanProducer (Runnel's own
-// idempotent producer, see lean.go), and the fields below up to lean are
-// unused except inFlight, waiters, mu and cond (Flush, Close).
+// A Producer from NewProducer sends through a producer-only kgo client
+// (kgoProducer, kgo.go), and the fields below up to k are unused. A
+// Producer from NewTxnProducer is transactional and sends through Sarama's
+// transactional producer (until exactly-once moves to kgo too).
 //
 // A transactional producer that can no longer go on (fenced, or its
 // transaction aborted by the broker) is replaced in place by Renew: callers
@@ -63,34 +64,22 @@ type Producer struct {
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled under mu when inFlight reaches 0 and Flush waits
 
-	// lean, when not nil, is the producer of a client without a
-	// transactional ID (see leanProducer); ap is then nil and swap unused.
-	// Set once by NewProducer.
-	lean *leanProducer
+	// k, when not nil, is the kgo producer of NewProducer; ap is then nil
+	// and swap unused. Set once by the constructor.
+	k *kgoProducer
 }
 
-// NewProducer starts a producer on client. The client must be configured with
-// Producer.Return.Successes and Return.Errors (NewConfig does). With a
-// transactional ID (Producer.Transaction.ID) it initializes the ID first
+// NewTxnProducer starts a transactional producer on client, whose
+// configuration names the transactional ID (Producer.Transaction.ID) and
+// returns successes and errors (NewConfig does). It initializes the ID first
 // (InitProducerId: fences any older producer with the ID and aborts its open
-// transaction).
-//
-// Without a transactional ID (and with a protocol version of at least 0.11)
-// the producer is Runnel's own idempotent producer (leanProducer), which
-// obtains a producer ID (InitProducerId) first; it honours Producer.Timeout,
-// Compression, Flush.Frequency, Flush.Bytes, MaxMessageBytes, Retry.Max and
-// Retry.Backoff, always with acks=all.
-func NewProducer(client sarama.Client) (*Producer, error) {
+// transaction). Records go through Sarama's transactional producer.
+func NewTxnProducer(client sarama.Client) (*Producer, error) {
+	if client.Config().Producer.Transaction.ID == "" {
+		return nil, fmt.Errorf("kafka: transactional producer without a transactional ID")
+	}
 	p := &Producer{client: client}
 	p.cond = sync.NewCond(&p.mu)
-	if conf := client.Config(); conf.Producer.Transaction.ID == "" && conf.Version.IsAtLeast(sarama.V0_11_0_0) {
-		l, err := newLeanProducer(p, client)
-		if err != nil {
-			return nil, err
-		}
-		p.lean = l
-		return p, nil
-	}
 	ap, done, err := p.start()
 	if err != nil {
 		return nil, err
@@ -163,27 +152,14 @@ var ErrProducerClosed = fmt.Errorf("kafka: producer is closed")
 
 // Send queues msg for msg.Partition (the manual partitioner: callers choose the
 // partition, with PartitionFor for keyed records); done (may be nil) gets its
-// delivery report. Send returns ErrProducerClosed after Close; it blocks while
-// Sarama's input buffer is full (transactional) or while 16 MiB of records
-// wait for their answer (non-transactional). Without a transactional ID, a
-// record over Producer.MaxMessageBytes is refused at once with an error
-// wrapping a sarama.ConfigurationError (Sarama's producer reports that error
-// in the record's delivery report instead).
+// delivery report. Send returns ErrProducerClosed after Close, or an error
+// when msg's key or value does not encode; it blocks while Sarama's input
+// buffer is full (transactional) or while kgoMaxBuffered bytes of records
+// wait for their answer (NewProducer). A record larger than its topic allows
+// fails in its delivery report (kerr.MessageTooLarge; Permanent says so).
 func (p *Producer) Send(msg *sarama.ProducerMessage, done DeliveryFunc) error {
-	if p.lean != nil {
-		r := leanRecord{headers: msg.Headers, ts: msg.Timestamp, msg: msg, done: done}
-		var err error
-		if msg.Key != nil {
-			if r.key, err = msg.Key.Encode(); err != nil {
-				return fmt.Errorf("produce %s[%d]: encode key: %w", msg.Topic, msg.Partition, err)
-			}
-		}
-		if msg.Value != nil {
-			if r.value, err = msg.Value.Encode(); err != nil {
-				return fmt.Errorf("produce %s[%d]: encode value: %w", msg.Topic, msg.Partition, err)
-			}
-		}
-		return p.lean.send(msg.Topic, msg.Partition, r)
+	if p.k != nil {
+		return p.k.sendMessage(msg, done)
 	}
 	p.swap.RLock()
 	defer p.swap.RUnlock()
@@ -238,9 +214,9 @@ var ErrProducerNotReady = fmt.Errorf("kafka: producer is not ready (renew failed
 
 // Acker receives the broker's answer for one record sent with SendRecord:
 // its offset, or the error after the producer's retries. It runs on the
-// producer's delivery goroutine (without a transactional ID: the lean
-// producer's reporter, one goroutine for every partition) and must not block
-// for long, nor call the producer's Send, Flush or Close.
+// producer's delivery goroutine (without a transactional ID: kgo's promise
+// goroutine, one for every partition) and must not block for long, nor call
+// the producer's Send, Flush or Close.
 type Acker interface {
 	Acked(offset int64, err error)
 }
@@ -266,8 +242,8 @@ func (p *Producer) SendRecord(topic string, partition int32, key, value []byte, 
 // SendRecordAt is SendRecord with the record's timestamp ts (zero: the
 // producer's clock).
 func (p *Producer) SendRecordAt(topic string, partition int32, key, value []byte, ts time.Time, ack Acker) error {
-	if p.lean != nil {
-		return p.lean.send(topic, partition, leanRecord{key: key, value: value, ts: ts, ack: ack})
+	if p.k != nil {
+		return p.k.send(topic, partition, key, value, nil, ts, ack, nil, nil)
 	}
 	m := msgPool.Get().(*pooledMsg)
 	m.msg.Topic, m.msg.Partition, m.msg.Timestamp = topic, partition, ts
@@ -292,8 +268,12 @@ func (p *Producer) SendRecordAt(topic string, partition int32, key, value []byte
 	return nil
 }
 
-// Flush waits until every record sent so far has its delivery report, or ctx ends.
+// Flush waits until every record sent so far has its delivery report, or ctx
+// ends (its error then says how many records are still in flight).
 func (p *Producer) Flush(ctx context.Context) error {
+	if p.k != nil {
+		return p.k.flush(ctx)
+	}
 	stop := context.AfterFunc(ctx, func() {
 		p.mu.Lock()
 		p.cond.Broadcast()
@@ -304,9 +284,6 @@ func (p *Producer) Flush(ctx context.Context) error {
 	defer p.mu.Unlock()
 	p.waiters.Add(1)
 	defer p.waiters.Add(-1)
-	if p.lean != nil {
-		p.lean.kick() // no lingering while Flush waits
-	}
 	for {
 		n := p.inFlight.Load()
 		if n == 0 {
@@ -319,11 +296,13 @@ func (p *Producer) Flush(ctx context.Context) error {
 	}
 }
 
-// Close flushes what was queued (Sarama's AsyncClose drains the input) and
-// waits for every delivery report.
+// Close flushes what was queued (Sarama's AsyncClose drains the input; the
+// kgo producer flushes within its delivery timeout) and waits for every
+// delivery report. Records still unanswered after that fail with
+// ErrProducerClosed in their reports. Close is idempotent.
 func (p *Producer) Close() error {
-	if p.lean != nil {
-		p.lean.close()
+	if p.k != nil {
+		p.k.close()
 		return nil
 	}
 	p.swap.Lock()
@@ -339,146 +318,3 @@ func (p *Producer) Close() error {
 	return nil
 }
 
-// errNotTransactional is returned by the transaction calls (and Renew) of a
-// producer without a transactional ID.
-var errNotTransactional = fmt.Errorf("kafka: producer is not transactional: %w", sarama.ErrNonTransactedProducer)
-
-// ErrRenewClosed is returned by Renew after Close.
-var ErrRenewClosed = fmt.Errorf("kafka: renew: %w", ErrProducerClosed)
-
-// Renew replaces the Sarama producer with a new one on the same client, for
-// a transactional producer that cannot go on (Fatal: fenced by a newer
-// producer with its transactional ID, or its transaction aborted by the
-// broker after transaction.timeout.ms), or whose abort failed. The old
-// producer is closed first: records queued in it fail (their delivery
-// reports run with the error), and Renew returns only once every one of its
-// delivery reports ran, so nothing still uses it. The new producer
-// initializes the same transactional ID (InitProducerId, KIP-98): the
-// coordinator aborts the ID's open transaction, if any, and bumps the epoch,
-// fencing every older producer of the ID. No transaction is open afterwards
-// (Begin opens one).
-//
-// Senders blocked in Send while Renew waits go to the old producer and fail;
-// senders after it go to the new one. Renew must not be called from a
-// delivery callback. Errors: the producer is closed (ErrRenewClosed), or the
-// new producer could not initialize the ID (the old one is closed all the
-// same: a later Renew may try again).
-func (p *Producer) Renew() error {
-	if p.lean != nil {
-		if p.lean.isClosed() {
-			return ErrRenewClosed
-		}
-		return errNotTransactional
-	}
-	p.swap.Lock()
-	defer p.swap.Unlock()
-	if p.closed {
-		return ErrRenewClosed
-	}
-	if p.ap != nil {
-		p.ap.AsyncClose()
-		<-p.done
-		p.ap = nil
-	}
-	ap, done, err := p.start()
-	if err != nil {
-		// Keep a closed producer in place: Send then fails with
-		// ErrProducerNotReady until a Renew succeeds.
-		return fmt.Errorf("renew: %w", err)
-	}
-	p.ap, p.done = ap, done
-	return nil
-}
-
-// Begin opens a transaction. Errors: the producer is not transactional, a
-// transaction is already open, or the producer is in a fatal error state
-// (fenced by a newer producer with the same transactional ID).
-func (p *Producer) Begin() error {
-	ap, err := p.current()
-	if err != nil {
-		return fmt.Errorf("begin transaction: %w", err)
-	}
-	if err := ap.BeginTxn(); err != nil {
-		return fmt.Errorf("begin transaction: %w", err)
-	}
-	return nil
-}
-
-// Commit adds offsets (topic → partition → offset of the next record to
-// read) to the open transaction as the consumer group's commit, fenced by the
-// group's generation and member (KIP-447: a member that is no longer in that
-// generation cannot commit), and commits the transaction: Sarama first flushes
-// every record sent in it. The error of a fenced or failed commit wraps the
-// broker's error (sarama.ErrIllegalGeneration, ErrUnknownMemberId,
-// ErrFencedInstancedId, ErrProducerFenced, ...); the transaction must then
-// be aborted (Abort), unless Fatal reports that the producer cannot go on.
-func (p *Producer) Commit(offsets map[string]map[int32]int64, group *sarama.ConsumerGroupMetadata) error {
-	ap, err := p.current()
-	if err != nil {
-		return fmt.Errorf("commit transaction: %w", err)
-	}
-	if len(offsets) > 0 {
-		om := make(map[string][]*sarama.PartitionOffsetMetadata, len(offsets))
-		for topic, parts := range offsets {
-			for part, off := range parts {
-				om[topic] = append(om[topic], &sarama.PartitionOffsetMetadata{Partition: part, Offset: off})
-			}
-		}
-		if err := ap.AddOffsetsToTxnWithGroupMetadata(om, group); err != nil {
-			return fmt.Errorf("add offsets to transaction: %w", err)
-		}
-	}
-	if err := ap.CommitTxn(); err != nil {
-		return fmt.Errorf("commit transaction: %w", err)
-	}
-	return nil
-}
-
-// Abort aborts the open transaction: read_committed consumers never see its
-// records, and its offsets are not committed.
-func (p *Producer) Abort() error {
-	ap, err := p.current()
-	if err != nil {
-		return fmt.Errorf("abort transaction: %w", err)
-	}
-	if err := ap.AbortTxn(); err != nil {
-		return fmt.Errorf("abort transaction: %w", err)
-	}
-	return nil
-}
-
-// Fatal reports whether the producer is in a fatal transactional state (for
-// example fenced by another producer with its transactional ID): it can
-// neither commit nor abort and must be closed.
-// A producer whose last Renew failed reports true, a closed one false.
-func (p *Producer) Fatal() bool {
-	if p.lean != nil {
-		return false
-	}
-	ap, err := p.current()
-	if err != nil {
-		return errors.Is(err, ErrProducerNotReady)
-	}
-	return ap.TxnStatus()&sarama.ProducerTxnFlagFatalError != 0
-}
-
-// current returns the current Sarama producer for a transaction call; the
-// caller must not run it concurrently with Renew (the transaction's owner
-// serializes both).
-func (p *Producer) current() (sarama.AsyncProducer, error) {
-	if p.lean != nil {
-		if p.lean.isClosed() {
-			return nil, ErrProducerClosed
-		}
-		return nil, errNotTransactional
-	}
-	p.swap.RLock()
-	defer p.swap.RUnlock()
-	switch {
-	case p.closed:
-		return nil, ErrProducerClosed
-	case p.ap == nil:
-		return nil, ErrProducerNotReady
-	}
-	return p.ap, nil
-}

@@ -91,7 +91,7 @@ func TestRenewAbortsOpenTransactionAndKeepsEveryAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	p, err := kafka.NewProducer(client)
+	p, err := kafka.NewTxnProducer(client)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestRenewAfterClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	p, err := kafka.NewProducer(client)
+	p, err := kafka.NewTxnProducer(client)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/runnel-dev/runnel/internal/embedded"
@@ -22,9 +24,9 @@ import (
 	"github.com/runnel-dev/runnel/internal/testbroker"
 )
 
-// leanEnv is a kfake broker with one topic and a non-transactional
-// (lean) producer on it.
-type leanEnv struct {
+// prodEnv is a broker with one topic and a non-transactional producer on
+// it; client reads the topic back.
+type prodEnv struct {
 	cluster *kfake.Cluster
 	addrs   []string
 	topic   string
@@ -32,50 +34,57 @@ type leanEnv struct {
 	p       *kafka.Producer
 }
 
-// newLeanEnv starts kfake (a test injects faults through its cluster),
-// creates a topic of parts partitions and a producer with Runnel's worker
-// configuration (short retry backoff).
-func newLeanEnv(t *testing.T, parts int32) *leanEnv {
+// newProdEnv starts kfake (a test injects faults through its cluster),
+// creates a topic of parts partitions and a producer with a short retry
+// backoff.
+func newProdEnv(t *testing.T, parts int32, configure ...func(*kafka.ProducerConfig)) *prodEnv {
 	t.Helper()
 	b, err := embedded.Start(embedded.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.Close)
-	return newLeanEnvOn(t, b.Cluster(), b.Addrs(), parts)
+	return newProdEnvOn(t, b.Cluster(), b.Addrs(), parts, configure...)
 }
 
-// newLeanEnvTier is newLeanEnv on the test tier's broker (real Kafka when
+// newProdEnvTier is newProdEnv on the test tier's broker (real Kafka when
 // RUNNEL_KAFKA_BROKERS is set), for tests that inject no fault.
-func newLeanEnvTier(t *testing.T, parts int32) *leanEnv {
+func newProdEnvTier(t *testing.T, parts int32, configure ...func(*kafka.ProducerConfig)) *prodEnv {
 	t.Helper()
-	return newLeanEnvOn(t, nil, testbroker.Brokers(t), parts)
+	return newProdEnvOn(t, nil, testbroker.Brokers(t), parts, configure...)
 }
 
-// newLeanEnvOn is newLeanEnv on the broker at addrs (cluster, when not nil,
+// newProdEnvOn is newProdEnv on the broker at addrs (cluster, when not nil,
 // is that broker for fault injection); configure changes the producer's
 // configuration.
-func newLeanEnvOn(t *testing.T, cluster *kfake.Cluster, addrs []string, parts int32, configure ...func(*sarama.Config)) *leanEnv {
+func newProdEnvOn(t *testing.T, cluster *kfake.Cluster, addrs []string, parts int32, configure ...func(*kafka.ProducerConfig)) *prodEnv {
 	t.Helper()
-	e := &leanEnv{cluster: cluster, addrs: addrs, topic: testbroker.Topic(t, "lean")}
+	return newProdEnvTopic(t, cluster, addrs, parts, nil, configure...)
+}
+
+// newProdEnvTopic is newProdEnvOn with topic configs (nil: the broker's
+// defaults).
+func newProdEnvTopic(t *testing.T, cluster *kfake.Cluster, addrs []string, parts int32, configs map[string]*string, configure ...func(*kafka.ProducerConfig)) *prodEnv {
+	t.Helper()
+	e := &prodEnv{cluster: cluster, addrs: addrs, topic: testbroker.Topic(t, "prod")}
 	admin, err := sarama.NewClusterAdmin(e.addrs, testbroker.SaramaConfig(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	if err := admin.CreateTopic(e.topic, &sarama.TopicDetail{NumPartitions: parts, ReplicationFactor: 1}, false); err != nil {
+	if err := admin.CreateTopic(e.topic, &sarama.TopicDetail{NumPartitions: parts, ReplicationFactor: 1, ConfigEntries: configs}, false); err != nil {
 		t.Fatal(err)
 	}
-	cfg := kafka.NewConfig("lean-test", testbroker.Version(t), kafka.TestTimeouts)
-	cfg.Producer.Retry.Backoff = 10 * time.Millisecond
-	for _, f := range configure {
-		f(cfg)
-	}
-	if e.client, err = sarama.NewClient(e.addrs, cfg); err != nil {
+	if e.client, err = sarama.NewClient(e.addrs, testbroker.SaramaConfig(t)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.client.Close() })
-	if e.p, err = kafka.NewProducer(e.client); err != nil {
+	pc := kafka.ProducerConfig{Brokers: addrs, ClientID: "producer-test", RetryBackoff: 10 * time.Millisecond,
+		DeliveryTimeout: 60 * time.Second}
+	for _, f := range configure {
+		f(&pc)
+	}
+	if e.p, err = kafka.NewProducer(pc); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.p.Close() })
@@ -133,7 +142,7 @@ func (a *acker) Acked(off int64, err error) {
 }
 
 // send sends value to partition part with an acker logging into l.
-func (e *leanEnv) send(t *testing.T, l *ackLog, part int32, value string) {
+func (e *prodEnv) send(t *testing.T, l *ackLog, part int32, value string) {
 	t.Helper()
 	if err := e.p.SendRecord(e.topic, part, nil, []byte(value), &acker{log: l, part: part, value: value}); err != nil {
 		t.Fatal(err)
@@ -141,7 +150,7 @@ func (e *leanEnv) send(t *testing.T, l *ackLog, part int32, value string) {
 }
 
 // flush waits for every report.
-func (e *leanEnv) flush(t *testing.T) {
+func (e *prodEnv) flush(t *testing.T) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -152,7 +161,7 @@ func (e *leanEnv) flush(t *testing.T) {
 
 // readAll returns the values and offsets of every record of partition part
 // up to its highwater, with a fresh client.
-func (e *leanEnv) readAll(t *testing.T, part int32) ([]string, []int64) {
+func (e *prodEnv) readAll(t *testing.T, part int32) ([]string, []int64) {
 	t.Helper()
 	client, err := sarama.NewClient(e.addrs, testbroker.SaramaConfig(t))
 	if err != nil {
@@ -196,7 +205,7 @@ func (e *leanEnv) readAll(t *testing.T, part int32) ([]string, []int64) {
 // consecutive offsets from 0, that the log holds exactly the acknowledged
 // values at those offsets, and that each sender's records (values
 // "<sender>-<i>") are in send order.
-func (e *leanEnv) checkLog(t *testing.T, l *ackLog, parts int32) {
+func (e *prodEnv) checkLog(t *testing.T, l *ackLog, parts int32) {
 	t.Helper()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -234,7 +243,7 @@ func (e *leanEnv) checkLog(t *testing.T, l *ackLog, parts int32) {
 // sendMany sends n records from each of senders goroutines, record i of
 // sender g to partition (g+i) % parts, pausing a millisecond every 50
 // records (so that they make many requests).
-func (e *leanEnv) sendMany(t *testing.T, l *ackLog, senders, n int, parts int32) {
+func (e *prodEnv) sendMany(t *testing.T, l *ackLog, senders, n int, parts int32) {
 	t.Helper()
 	var wg sync.WaitGroup
 	for g := range senders {
@@ -260,9 +269,9 @@ func (e *leanEnv) sendMany(t *testing.T, l *ackLog, senders, n int, parts int32)
 // Many records over several partitions from several goroutines: every
 // report is a success, offsets per partition are consecutive from 0, and
 // the log holds exactly the records sent, in send order per sender.
-func TestLeanProducerManyRecords(t *testing.T) {
+func TestProducerManyRecords(t *testing.T) {
 	const parts = 5
-	e := newLeanEnvTier(t, parts)
+	e := newProdEnvTier(t, parts)
 	l := newAckLog()
 	e.sendMany(t, l, 4, 5000, parts)
 	e.flush(t)
@@ -272,8 +281,8 @@ func TestLeanProducerManyRecords(t *testing.T) {
 
 // Send (with a DeliveryFunc) reports partition and offset, and sets the
 // message's offset.
-func TestLeanProducerSendMessage(t *testing.T) {
-	e := newLeanEnvTier(t, 2)
+func TestProducerSendMessage(t *testing.T) {
+	e := newProdEnvTier(t, 2)
 	type rep struct {
 		part int32
 		off  int64
@@ -308,7 +317,7 @@ func errorResponse(req kmsg.Request, code func(topic string, part int32) int16) 
 	resp := r.ResponseKind().(*kmsg.ProduceResponse)
 	for _, rt := range r.Topics {
 		st := kmsg.NewProduceResponseTopic()
-		st.Topic = rt.Topic
+		st.Topic, st.TopicID = rt.Topic, rt.TopicID // v13 names topics by ID
 		for _, rp := range rt.Partitions {
 			sp := kmsg.NewProduceResponseTopicPartition()
 			sp.Partition = rp.Partition
@@ -346,9 +355,9 @@ func produceRaw(addr string, req kmsg.Request) error {
 // wrote it (the retry is a duplicate the broker recognizes by its
 // sequence). The log still holds every record exactly once, in order, and
 // every report is a success.
-func TestLeanProducerRetriableErrors(t *testing.T) {
+func TestProducerRetriableErrors(t *testing.T) {
 	const parts = 4
-	e := newLeanEnv(t, parts)
+	e := newProdEnv(t, parts)
 	var n, notLeader, dropped, written atomic.Int32
 	var inner atomic.Bool
 	e.cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
@@ -400,9 +409,9 @@ func TestLeanProducerRetriableErrors(t *testing.T) {
 // the records queued behind it; the other partitions are unaffected, and
 // records sent afterwards on the failing partition succeed (under a new
 // producer ID, from sequence 0).
-func TestLeanProducerNonRetriableError(t *testing.T) {
+func TestProducerNonRetriableError(t *testing.T) {
 	const parts = 3
-	e := newLeanEnv(t, parts)
+	e := newProdEnv(t, parts)
 	l := newAckLog()
 	// Partition 1's first batch goes out alone, and is refused.
 	var refused atomic.Bool
@@ -474,8 +483,8 @@ func TestLeanProducerNonRetriableError(t *testing.T) {
 
 // Flush returns once every record sent before it has its report; Close
 // sends what is buffered and reports everything; Send after Close fails.
-func TestLeanProducerFlushClose(t *testing.T) {
-	e := newLeanEnvTier(t, 2)
+func TestProducerFlushClose(t *testing.T) {
+	e := newProdEnvTier(t, 2)
 	var acks countAcks
 	for i := range 1000 {
 		if err := e.p.SendRecord(e.topic, int32(i%2), nil, []byte("v"), &acks); err != nil {
@@ -511,21 +520,28 @@ func TestLeanProducerFlushClose(t *testing.T) {
 	}
 }
 
-// A record over Producer.MaxMessageBytes fails at once.
-func TestLeanProducerRecordTooLarge(t *testing.T) {
-	e := newLeanEnvTier(t, 1)
-	big := make([]byte, e.client.Config().Producer.MaxMessageBytes)
-	err := e.p.SendRecord(e.topic, 0, nil, big, &countAcks{})
-	if cerr := new(sarama.ConfigurationError); !errors.As(err, cerr) {
-		t.Fatalf("oversized record: %v, want a sarama.ConfigurationError", err)
+// A record over the topic's max.message.bytes fails in its report with
+// MESSAGE_TOO_LARGE, which Permanent calls permanent; the partition goes on.
+func TestProducerRecordTooLarge(t *testing.T) {
+	limit := "65536"
+	e := newProdEnvTopic(t, nil, testbroker.Brokers(t), 1, map[string]*string{"max.message.bytes": &limit})
+	l := newAckLog()
+	var tooLarge error
+	if err := e.p.SendRecord(e.topic, 0, nil, make([]byte, 70_000), ackFunc(func(_ int64, err error) { tooLarge = err })); err != nil {
+		t.Fatal(err)
 	}
-	e.flush(t) // nothing in flight
+	e.send(t, l, 0, "after")
+	e.flush(t)
+	if !errors.Is(tooLarge, kerr.MessageTooLarge) || !kafka.Permanent(tooLarge) {
+		t.Fatalf("oversized record: %v, want MESSAGE_TOO_LARGE (permanent)", tooLarge)
+	}
+	l.allSucceeded(t, 1, 1)
 }
 
-// Send blocks while the unanswered bytes are over the bound (16 MiB) and
-// resumes once the broker answers.
-func TestLeanProducerBackpressure(t *testing.T) {
-	e := newLeanEnv(t, 1)
+// Send blocks while the unanswered bytes are over the bound (16 MiB of keys
+// and values) and resumes once the broker answers.
+func TestProducerBackpressure(t *testing.T) {
+	e := newProdEnv(t, 1)
 	release := make(chan struct{})
 	var held atomic.Bool
 	e.cluster.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
@@ -572,10 +588,11 @@ func TestLeanProducerBackpressure(t *testing.T) {
 }
 
 // A partition answered NOT_LEADER_OR_FOLLOWER on every attempt fails its
-// records after Producer.Retry.Max retries; once the broker answers again,
-// later records of the partition succeed (new producer ID, sequence 0).
-func TestLeanProducerRetriesExhausted(t *testing.T) {
-	e := newLeanEnv(t, 1)
+// records once the delivery timeout passed (ErrRecordTimeout: transient, not
+// Permanent), retrying until then; once the broker answers again, later
+// records of the partition succeed.
+func TestProducerDeliveryTimeout(t *testing.T) {
+	e := newProdEnv(t, 1, func(c *kafka.ProducerConfig) { c.DeliveryTimeout = 2 * time.Second })
 	var failing atomic.Bool
 	failing.Store(true)
 	var attempts atomic.Int32
@@ -588,18 +605,28 @@ func TestLeanProducerRetriesExhausted(t *testing.T) {
 		return errorResponse(req, func(string, int32) int16 { return 6 }), nil, true
 	})
 	l := newAckLog()
+	var last error
+	start := time.Now()
 	for i := range 20 {
-		e.send(t, l, 0, fmt.Sprintf("a-%d", i))
+		v := fmt.Sprintf("a-%d", i)
+		a := &acker{log: l, part: 0, value: v}
+		if err := e.p.SendRecord(e.topic, 0, nil, []byte(v), ackFunc(func(off int64, err error) {
+			last = err
+			a.Acked(off, err)
+		})); err != nil {
+			t.Fatal(err)
+		}
 	}
 	e.flush(t)
+	took := time.Since(start)
 	l.mu.Lock()
 	failed := len(l.errs[0])
 	l.mu.Unlock()
-	if failed != 20 {
-		t.Fatalf("%d of 20 records failed, want all", failed)
+	if failed != 20 || !errors.Is(last, kgo.ErrRecordTimeout) || kafka.Permanent(last) {
+		t.Fatalf("%d of 20 records failed (last: %v), want all with a (transient) record timeout", failed, last)
 	}
-	if want := int32(e.client.Config().Producer.Retry.Max + 1); attempts.Load() != want {
-		t.Fatalf("%d attempts, want %d", attempts.Load(), want)
+	if took < 2*time.Second || attempts.Load() < 3 {
+		t.Fatalf("records failed after %v and %d attempts, want retries for the 2 s delivery timeout", took, attempts.Load())
 	}
 	failing.Store(false)
 	for i := 20; i < 40; i++ {
@@ -619,14 +646,14 @@ func TestLeanProducerRetriesExhausted(t *testing.T) {
 // producer follows them (NOT_LEADER_OR_FOLLOWER, a metadata refresh, the same
 // batch to the new leader) and every record is in the log once, in order,
 // reported successful with its offset.
-func TestLeanProducerFollowsMovingLeaders(t *testing.T) {
+func TestProducerFollowsMovingLeaders(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(3))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
 	const parts = 4
-	e := newLeanEnvOn(t, c, c.ListenAddrs(), parts)
+	e := newProdEnvOn(t, c, c.ListenAddrs(), parts)
 	// The producer's client asks for metadata while sending only when a
 	// broker said it no longer leads a partition.
 	var counting atomic.Bool
@@ -675,13 +702,13 @@ func TestLeanProducerFollowsMovingLeaders(t *testing.T) {
 	e.checkLog(t, l, parts)
 }
 
-// With Producer.Compression set, the batches are compressed and read back
+// With ProducerConfig.Compression set, the batches are compressed and read back
 // whole and in order, on the test tier's broker.
-func TestLeanProducerCompressed(t *testing.T) {
-	for _, codec := range []sarama.CompressionCodec{sarama.CompressionSnappy, sarama.CompressionZSTD} {
-		t.Run(codec.String(), func(t *testing.T) {
+func TestProducerCompressed(t *testing.T) {
+	for name, codec := range map[string]sarama.CompressionCodec{"snappy": sarama.CompressionSnappy, "zstd": sarama.CompressionZSTD} {
+		t.Run(name, func(t *testing.T) {
 			const parts = 2
-			e := newLeanEnvOn(t, nil, testbroker.Brokers(t), parts, func(c *sarama.Config) { c.Producer.Compression = codec })
+			e := newProdEnvTier(t, parts, func(c *kafka.ProducerConfig) { c.Compression = name })
 			l := newAckLog()
 			e.sendMany(t, l, 2, 3000, parts)
 			e.flush(t)
@@ -694,75 +721,9 @@ func TestLeanProducerCompressed(t *testing.T) {
 	}
 }
 
-// A batch fails for good, and the first InitProducerId after it fails too:
-// the records waiting then fail with that error (in order, nothing written),
-// the producer asks again after the backoff, and the records after that
-// succeed under the new producer ID.
-func TestLeanProducerRenewFails(t *testing.T) {
-	e := newLeanEnv(t, 1)
-	var inits atomic.Int32
-	e.cluster.ControlKey(int16(kmsg.InitProducerID), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		e.cluster.KeepControl()
-		if inits.Add(1) != 1 { // the producer's own (at start) came before this control
-			return nil, nil, false
-		}
-		resp := req.ResponseKind().(*kmsg.InitProducerIDResponse)
-		resp.ErrorCode = 15 // COORDINATOR_NOT_AVAILABLE
-		return resp, nil, true
-	})
-	var refused atomic.Bool
-	e.cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		e.cluster.KeepControl()
-		if refused.Swap(true) {
-			return nil, nil, false
-		}
-		return errorResponse(req, func(string, int32) int16 { return 87 /* INVALID_RECORD */ }), nil, true
-	})
-	l := newAckLog()
-	for i := range 10 {
-		e.send(t, l, 0, fmt.Sprintf("a-%d", i))
-	}
-	e.flush(t)
-	if n := len(l.errs[0]); n != 10 {
-		t.Fatalf("%d of the 10 records of the refused batch failed, want 10", n)
-	}
-	// The next records make the producer renew its ID; the first renewal
-	// fails, so the records waiting then fail with its error.
-	var initErrs atomic.Int32
-	for i := 10; i < 30; i++ {
-		v := fmt.Sprintf("a-%d", i)
-		a := &acker{log: l, part: 0, value: v}
-		if err := e.p.SendRecord(e.topic, 0, nil, []byte(v), ackFunc(func(off int64, err error) {
-			if err != nil && strings.Contains(err.Error(), "init producer id") {
-				initErrs.Add(1)
-			}
-			a.Acked(off, err)
-		})); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	e.flush(t)
-	if initErrs.Load() == 0 {
-		t.Fatalf("no record failed with the failed InitProducerId's error (%d failed in all)", len(l.errs[0]))
-	}
-	if inits.Load() < 2 {
-		t.Fatalf("%d InitProducerId requests after the start, want at least 2 (the failed renewal, the next)", inits.Load())
-	}
-	before := len(l.values[0])
-	for i := 30; i < 40; i++ {
-		e.send(t, l, 0, fmt.Sprintf("a-%d", i))
-	}
-	e.flush(t)
-	if got := len(l.values[0]) - before; got != 10 {
-		t.Fatalf("%d of the 10 records after the renewal succeeded, want 10", got)
-	}
-	e.checkLog(t, l, 1)
-}
-
 // firstBatchCodec fetches the first record batch of partition part as
 // written and returns its compression codec.
-func (e *leanEnv) firstBatchCodec(t *testing.T, part int32) sarama.CompressionCodec {
+func (e *prodEnv) firstBatchCodec(t *testing.T, part int32) sarama.CompressionCodec {
 	t.Helper()
 	b, err := e.client.Leader(e.topic, part)
 	if err != nil {
