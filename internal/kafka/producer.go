@@ -317,4 +317,3 @@ func (p *Producer) Close() error {
 	}
 	return nil
 }
-
