@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/changelog"
@@ -251,8 +252,7 @@ func TestChangelogRecordTooLargeStopsWorker(t *testing.T) {
 	send(t, brokers, c.words.Name(), kv{wordPerPartition("w")[0], "big"})
 	select {
 	case err := <-done:
-		var cerr sarama.ConfigurationError
-		if !errors.As(err, &cerr) || !strings.Contains(err.Error(), "MaxMessageBytes") {
+		if !errors.Is(err, kerr.MessageTooLarge) {
 			t.Fatalf("worker stopped with %v, want the record-too-large cause", err)
 		}
 	case <-time.After(30 * time.Second):

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/codec"
 	"github.com/runnel-dev/runnel/internal/kafka"
@@ -266,7 +267,7 @@ func TestSendProduceFailureSaysWhereToResume(t *testing.T) {
 	if se.ResumeLine != 21 {
 		t.Fatalf("resume line = %d, want 21 (%v)", se.ResumeLine, err)
 	}
-	if ce := new(sarama.ConfigurationError); !errors.As(err, ce) || !strings.Contains(err.Error(), "line 21: produce") {
+	if !errors.Is(err, kerr.MessageTooLarge) || !strings.Contains(err.Error(), "line 21: produce") {
 		t.Errorf("err = %v, want the producer's error for line 21 inside", err)
 	}
 	if want := fmt.Sprintf("%d records were sent", se.Sent); !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "--from-line 21") {

@@ -54,10 +54,11 @@ type ProducerConfig struct {
 	// Security is the connection's TLS and SASL (zero: plaintext).
 	Security Security
 	// DeliveryTimeout bounds how long a record waits for its answer,
-	// retries included (kgo.RecordDeliveryTimeout, Java's
-	// delivery.timeout.ms); default DefaultDeliveryTimeout. A record in a
-	// request the broker may have written fails only once its answer came,
-	// so that no sequence number is reused (KIP-98).
+	// retries included (Java's delivery.timeout.ms), counted from Send (not
+	// from the record's timestamp); default DefaultDeliveryTimeout. A
+	// record past it fails with ErrDeliveryTimeout; one in a request the
+	// broker may have written fails only once its answer came, so that no
+	// sequence number is reused (KIP-98).
 	DeliveryTimeout time.Duration
 	// Linger is how long a partition's first record waits for more before
 	// its batch goes out while a request to the same broker is not already
@@ -119,10 +120,6 @@ func (c ProducerConfig) opts() ([]kgo.Opt, error) {
 	if err := c.Security.SASL.Validate(); err != nil {
 		return nil, err
 	}
-	timeout := c.DeliveryTimeout
-	if timeout <= 0 {
-		timeout = DefaultDeliveryTimeout
-	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(c.Brokers...),
 		// Runnel picks every record's partition (PartitionFor for keyed
@@ -130,7 +127,13 @@ func (c ProducerConfig) opts() ([]kgo.Opt, error) {
 		// topics written by other clients agree).
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordDeliveryTimeout(timeout),
+		// No kgo.RecordDeliveryTimeout: kgo measures it from a record's
+		// timestamp, and Runnel sends records stamped with their source
+		// record's time (a repartitioned record of an old event would fail
+		// at once). Each record carries a deadline context instead
+		// (recordContext); kgo fails a batch whose first record's context
+		// ended, where that keeps sequence numbers safe, as it does for its
+		// own timeout.
 		// A topic whose metadata has not reached every broker yet answers
 		// UNKNOWN_TOPIC_OR_PARTITION for a while (1.5 s measured on a
 		// fresh changelog): never give up on that alone, only at the
@@ -241,6 +244,11 @@ type kgoProducer struct {
 	// promise is report as a func value, made once (one allocation per
 	// producer instead of one per record).
 	promise func(*kgo.Record, error)
+	// deadline is the context records sent now carry: it ends between
+	// timeout−deadlineStep and timeout from now. recordContext replaces it
+	// every deadlineStep under deadlineMu.
+	deadline   atomic.Pointer[deadlineContext]
+	deadlineMu sync.Mutex
 	closed  atomic.Bool
 	// closeOnce guards close.
 	closeOnce sync.Once
@@ -249,6 +257,41 @@ type kgoProducer struct {
 	limits  sync.Map
 	learnMu sync.Mutex
 }
+
+// deadlineStep is how often records get a new deadline context: a record's
+// delivery timeout is between timeout−deadlineStep and timeout.
+const deadlineStep = time.Second
+
+// deadlineContext is a context that ends at the delivery timeout of the
+// records sent until next.
+type deadlineContext struct {
+	ctx    context.Context
+	cancel context.CancelFunc // called at close (k.ctx's end) at the latest
+	next   time.Time
+}
+
+// recordContext returns the context of a record sent now: it ends at the
+// record's delivery timeout (ErrDeliveryTimeout) or at close. One context
+// serves every record of a deadlineStep, so a record costs a clock read.
+func (k *kgoProducer) recordContext() context.Context {
+	now := time.Now()
+	if d := k.deadline.Load(); d != nil && now.Before(d.next) {
+		return d.ctx
+	}
+	k.deadlineMu.Lock()
+	defer k.deadlineMu.Unlock()
+	if d := k.deadline.Load(); d != nil && now.Before(d.next) {
+		return d.ctx
+	}
+	ctx, cancel := context.WithDeadline(k.ctx, now.Add(k.timeout))
+	k.deadline.Store(&deadlineContext{ctx: ctx, cancel: cancel, next: now.Add(deadlineStep)})
+	return ctx
+}
+
+// ErrDeliveryTimeout is in the error of a record that the broker did not
+// acknowledge within the delivery timeout (ProducerConfig.DeliveryTimeout),
+// retries included. It is transient: Permanent says false.
+var ErrDeliveryTimeout = errors.New("kafka: record not acknowledged within the delivery timeout")
 
 // kgoRecord is one record and the receiver of its answer, pooled. rec is the
 // first field: report recovers the kgoRecord from the *kgo.Record kgo hands
@@ -272,7 +315,8 @@ func (k *kgoProducer) send(topic string, partition int32, key, value []byte, hea
 		k.learnLimit(topic)
 	}
 	r := kgoRecordPool.Get().(*kgoRecord)
-	r.rec = kgo.Record{Topic: topic, Partition: partition, Key: key, Value: value, Headers: headers, Timestamp: ts}
+	r.rec = kgo.Record{Topic: topic, Partition: partition, Key: key, Value: value, Headers: headers, Timestamp: ts,
+		Context: k.recordContext()}
 	r.ack, r.done, r.msg = ack, done, msg
 	k.cl.Produce(k.ctx, &r.rec, k.promise)
 	return nil
@@ -307,8 +351,11 @@ func (k *kgoProducer) sendMessage(msg *sarama.ProducerMessage, done DeliveryFunc
 func (k *kgoProducer) report(rec *kgo.Record, err error) {
 	r := (*kgoRecord)(unsafe.Pointer(rec))
 	if err != nil {
-		if errors.Is(err, kgo.ErrClientClosed) || errors.Is(err, context.Canceled) && k.closed.Load() {
+		switch {
+		case errors.Is(err, kgo.ErrClientClosed) || errors.Is(err, context.Canceled) && k.closed.Load():
 			err = fmt.Errorf("%w: %w", ErrProducerClosed, err)
+		case errors.Is(err, context.DeadlineExceeded):
+			err = fmt.Errorf("%w (%v): %w", ErrDeliveryTimeout, k.timeout, err)
 		}
 		err = fmt.Errorf("produce %s[%d]: %w", rec.Topic, rec.Partition, err)
 	}

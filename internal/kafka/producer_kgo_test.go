@@ -16,7 +16,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/runnel-dev/runnel/internal/embedded"
@@ -588,8 +587,8 @@ func TestProducerBackpressure(t *testing.T) {
 }
 
 // A partition answered NOT_LEADER_OR_FOLLOWER on every attempt fails its
-// records once the delivery timeout passed (ErrRecordTimeout: transient, not
-// Permanent), retrying until then; once the broker answers again, later
+// records once the delivery timeout passed (ErrDeliveryTimeout: transient,
+// not Permanent), counted from Send even for records stamped an hour ago, retrying until then; once the broker answers again, later
 // records of the partition succeed.
 func TestProducerDeliveryTimeout(t *testing.T) {
 	e := newProdEnv(t, 1, func(c *kafka.ProducerConfig) { c.DeliveryTimeout = 2 * time.Second })
@@ -610,7 +609,7 @@ func TestProducerDeliveryTimeout(t *testing.T) {
 	for i := range 20 {
 		v := fmt.Sprintf("a-%d", i)
 		a := &acker{log: l, part: 0, value: v}
-		if err := e.p.SendRecord(e.topic, 0, nil, []byte(v), ackFunc(func(off int64, err error) {
+		if err := e.p.SendRecordAt(e.topic, 0, nil, []byte(v), time.Now().Add(-time.Hour), ackFunc(func(off int64, err error) {
 			last = err
 			a.Acked(off, err)
 		})); err != nil {
@@ -622,7 +621,7 @@ func TestProducerDeliveryTimeout(t *testing.T) {
 	l.mu.Lock()
 	failed := len(l.errs[0])
 	l.mu.Unlock()
-	if failed != 20 || !errors.Is(last, kgo.ErrRecordTimeout) || kafka.Permanent(last) {
+	if failed != 20 || !errors.Is(last, kafka.ErrDeliveryTimeout) || kafka.Permanent(last) {
 		t.Fatalf("%d of 20 records failed (last: %v), want all with a (transient) record timeout", failed, last)
 	}
 	if took < 2*time.Second || attempts.Load() < 3 {
@@ -630,7 +629,10 @@ func TestProducerDeliveryTimeout(t *testing.T) {
 	}
 	failing.Store(false)
 	for i := 20; i < 40; i++ {
-		e.send(t, l, 0, fmt.Sprintf("a-%d", i))
+		v := fmt.Sprintf("a-%d", i)
+		if err := e.p.SendRecordAt(e.topic, 0, nil, []byte(v), time.Now().Add(-time.Hour), &acker{log: l, part: 0, value: v}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	e.flush(t)
 	l.mu.Lock()
