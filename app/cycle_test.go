@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/changelog"
@@ -17,6 +16,7 @@ import (
 	"github.com/runnel-dev/runnel/internal/testbroker"
 	"github.com/runnel-dev/runnel/stores"
 	"github.com/runnel-dev/runnel/table"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 // goWorker runs a worker of a with its own data dir until stop, which

@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/codec"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/testbroker"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 const sendParts = 4

@@ -249,7 +249,7 @@ type kgoProducer struct {
 	// every deadlineStep under deadlineMu.
 	deadline   atomic.Pointer[deadlineContext]
 	deadlineMu sync.Mutex
-	closed  atomic.Bool
+	closed     atomic.Bool
 	// closeOnce guards close.
 	closeOnce sync.Once
 	// limits maps a topic to its batch cap (int32), the lower of its
