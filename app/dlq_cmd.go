@@ -279,7 +279,8 @@ Records dead-lettered while the replay runs wait for the next one.`,
 			if dryRun {
 				verb = "would send back"
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "%s %d dead letters of agent %s (%d of other agents skipped)\n", verb, st.Sent, args[0], st.Skipped)
+			fmt.Fprintf(cmd.ErrOrStderr(), "%s %d dead letters of agent %s (%d of other agents skipped, %d duplicates of a record already sent skipped)\n",
+				verb, st.Sent, args[0], st.Skipped, st.Duplicates)
 			return nil
 		},
 	}
@@ -363,8 +364,12 @@ type ReplayOptions struct {
 type ReplayStats struct {
 	// Sent is how many dead letters of the agent were sent back (with
 	// DryRun: would be); Skipped how many of other agents (a dead-letter
-	// topic shared with WithDeadLetterTopic) were passed over.
-	Sent, Skipped int64
+	// topic shared with WithDeadLetterTopic) were passed over; Duplicates
+	// how many were passed over because a dead letter of the same source
+	// record (topic, partition, offset) of the agent was sent in this
+	// replay already (under AtLeastOnce a record processed again after a
+	// crash can be dead-lettered again: docs/ack-mode.md).
+	Sent, Skipped, Duplicates int64
 }
 
 // ReplayDeadLetters sends the dead letters of agent back to the source topic
@@ -413,6 +418,14 @@ func (a *App) ReplayDeadLetters(ctx context.Context, agent string, o ReplayOptio
 	var all []sent
 	next := map[int32]int64{} // DLQ partition -> offset after the last record read
 	partsOf := map[string]int32{}
+	// The source records sent back in this replay: a source offset names
+	// one record, so a second dead letter of it would be a copy.
+	type origin struct {
+		topic     string
+		partition int32
+		offset    int64
+	}
+	sentFrom := map[origin]bool{}
 	err = readDeadLetters(ctx, client, topic, func(p int32) (int64, error) {
 		if c, ok := committed[p]; ok {
 			return c, nil
@@ -427,6 +440,14 @@ func (a *App) ReplayDeadLetters(ctx context.Context, agent string, o ReplayOptio
 		}
 		if d.Topic == "" {
 			return fmt.Errorf("dead letter %s[%d]@%d has no %s header", m.Topic, m.Partition, m.Offset, HeaderTopic)
+		}
+		if d.Partition >= 0 && d.Offset >= 0 {
+			src := origin{d.Topic, d.Partition, d.Offset}
+			if sentFrom[src] {
+				st.Duplicates++
+				return nil
+			}
+			sentFrom[src] = true
 		}
 		n, ok := partsOf[d.Topic]
 		if !ok {

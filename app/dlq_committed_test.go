@@ -85,3 +85,33 @@ func TestDeadLetterListAndTableDumpReadCommitted(t *testing.T) {
 		t.Errorf("tables dump: %s, want only the committed value {\"a\":1}", dump)
 	}
 }
+
+// `dlq replay` sends a source record back once even when its agent's topic
+// holds two dead letters of it (what a worker that crashed after writing a
+// dead letter, before committing its offset, leaves: the next owner rejects
+// the record again).
+func TestReplaySendsEachSourceRecordOnce(t *testing.T) {
+	brokers := testbroker.Brokers(t)
+	id := testbroker.Topic(t, "app")
+	o := newOpsApp(t, id)
+	dlq, src := o.app.DeadLetterTopic("fwd"), o.words.Name()
+	testbroker.CreateTopic(t, brokers, dlq, 1, nil)
+	testbroker.CreateTopic(t, brokers, src, parts, nil)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	recs := []*kgo.Record{deadLetterRec(dlq, "fwd", src, 1), deadLetterRec(dlq, "fwd", src, 1), deadLetterRec(dlq, "fwd", src, 2)}
+	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	dry := runCLI(t, o.app, brokers, "dlq", "replay", "fwd", "--dry-run")
+	if n := strings.Count(dry, " -> "+src); n != 2 {
+		t.Errorf("dry run lists %d records, want 2:\n%s", n, dry)
+	}
+	runCLI(t, o.app, brokers, "dlq", "replay", "fwd")
+	if n := total(t, testbroker.Client(t, brokers), src); n != 2 {
+		t.Errorf("replay sent %d records to %s, want 2 (one per source record)", n, src)
+	}
+}
