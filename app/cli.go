@@ -17,17 +17,36 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// Main runs the app's command line: worker, dev, describe, tables, send. It
-// exits the process with status 1 on error (the error goes to stderr).
+// Main runs the app's command line: worker, dev, describe, tables, send. An
+// interrupt or SIGTERM cancels the command's context: a worker then finishes
+// its work, leaves the group and Main returns (exit status 0). On error Main
+// logs it through the app's logger (JSON under --log-format json) and exits
+// the process with status 1.
 func (a *App) Main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cmd := a.Command()
-	if err := cmd.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
+	if code := a.execute(ctx, a.Command()); code != 0 {
 		stop()
-		os.Exit(1)
+		os.Exit(code)
 	}
+}
+
+// execute runs the root command cmd and returns the process exit status: 0,
+// or 1 once the error is logged through the app's logger, the one the log
+// flags chose (an error found before the flags were parsed, such as an
+// unknown flag, goes through the logger of the options: slog text on stderr
+// by default).
+func (a *App) execute(ctx context.Context, cmd *cobra.Command) int {
+	c, err := cmd.ExecuteContextC(ctx)
+	if err == nil {
+		return 0
+	}
+	path := cmd.CommandPath()
+	if c != nil {
+		path = c.CommandPath()
+	}
+	a.cfg.Logger.Error("command failed", "command", path, "err", err)
+	return 1
 }
 
 // Command returns the app's root cobra command, for embedding in a larger CLI.
@@ -48,12 +67,14 @@ func (a *App) Command() *cobra.Command {
 			if a.cfg.userLogger && !cmd.Flags().Changed("log-level") && !cmd.Flags().Changed("log-format") {
 				return nil
 			}
-			opts := &slog.HandlerOptions{Level: lvl}
+			// The command's stderr: os.Stderr unless the embedding CLI (or
+			// a test) set another with SetErr.
+			opts, out := &slog.HandlerOptions{Level: lvl}, cmd.ErrOrStderr()
 			switch logFormat {
 			case "text":
-				a.cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, opts))
+				a.cfg.Logger = slog.New(slog.NewTextHandler(out, opts))
 			case "json":
-				a.cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, opts))
+				a.cfg.Logger = slog.New(slog.NewJSONHandler(out, opts))
 			default:
 				return fmt.Errorf("--log-format %q: text or json", logFormat)
 			}

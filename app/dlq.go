@@ -3,7 +3,9 @@ package app
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -55,18 +57,96 @@ func (w *Worker) dlqSpecs() []kafka.TopicSpec {
 	return specs
 }
 
+// deadLettered remembers which records of one claimed partition were
+// dead-lettered, so that a record is dead-lettered once per agent however
+// often the claim hands it out again (issue #26). Under at-least-once a
+// partition restarts in place after a failed record from its last commit
+// point (claimProducer.resumeOffset: with tables, the task's last cycle,
+// which can lie before records rejected since), so the agents see a rejected
+// record again and reject it again; without this set each such record went
+// to the dead-letter topic once more per restart, and `dlq replay` sent it
+// back as often.
+//
+// Invariant: m holds only offsets at or after the offset last marked for
+// commit on the claim, and only (offset, agent) pairs whose dead letter the
+// broker acknowledged (acks=all). No incarnation of the claim hands out a
+// record below the marked offset again (a new incarnation starts at
+// resumeOffset, never below it), so nothing it prunes could still be needed.
+// Kept by add (after the acknowledgement) and prune (called wherever the
+// claimProducer marks an offset). Guarded by mu: Advance (the advance pump)
+// adds and prunes, Committable (a task's commit cycle) prunes.
+//
+// The set lives as long as the claim (the partition value) and in memory
+// only: a record whose dead letter was written but whose offset was not
+// committed is dead-lettered again by whoever processes it next after a crash
+// of the worker, a session restart (ExactlyOnce never uses the set: an
+// aborted transaction took its dead letters with it), or a revoke whose
+// final commit failed (docs/ack-mode.md).
+type deadLettered struct {
+	mu sync.Mutex
+	m  map[int64][]string // source offset -> agents whose dead letter the broker acknowledged
+}
+
+// has reports whether agent's dead letter of the record at offset was
+// written. A nil set has nothing.
+func (d *deadLettered) has(offset int64, agent string) bool {
+	if d == nil {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Contains(d.m[offset], agent)
+}
+
+// add records that agent's dead letter of the record at offset was
+// acknowledged. A nil set records nothing.
+func (d *deadLettered) add(offset int64, agent string) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.m == nil {
+		d.m = map[int64][]string{}
+	}
+	d.m[offset] = append(d.m[offset], agent)
+}
+
+// prune forgets the offsets below marked, the offset just marked for commit.
+func (d *deadLettered) prune(marked int64) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for off := range d.m {
+		if off < marked {
+			delete(d.m, off)
+		}
+	}
+}
+
 // deadLetter writes rec to the dead-letter topic of every agent named in
 // causeIDs (with that agent's cause as reason) and waits for the broker's
 // acknowledgement of each. attempts is the number of deliveries of the record
-// (1 for a first-delivery reject).
-func (w *Worker) deadLetter(ctx context.Context, rec *source.Record, causes []error, causeIDs []string, attempts int) error {
+// (1 for a first-delivery reject). An agent whose dead letter of rec is in
+// done already is skipped; each one acknowledged is added to done (nil: no
+// such bookkeeping).
+func (w *Worker) deadLetter(ctx context.Context, rec *source.Record, causes []error, causeIDs []string, attempts int, done *deadLettered) error {
 	now := time.Now().UTC().Format(time.RFC3339Nano)
 	type sent struct {
-		topic string
-		done  chan error
+		i      int // index in causeIDs
+		topic  string
+		reason string
+		done   chan error
 	}
 	var all []sent
 	for i, id := range causeIDs {
+		if done.has(rec.Offset, id) {
+			w.log.Info("record already dead-lettered by this worker; not writing it again", "topic", rec.Topic,
+				"partition", rec.Partition, "offset", rec.Offset, "agent", id)
+			continue
+		}
 		topic := w.app.DeadLetterTopic(id)
 		if topic == "" {
 			topic = w.app.id + "-" + id + "-dlq"
@@ -89,24 +169,32 @@ func (w *Worker) deadLetter(ctx context.Context, rec *source.Record, causes []er
 		for _, h := range rec.Headers {
 			msg.Headers = append(msg.Headers, sarama.RecordHeader{Key: h.Key, Value: h.Value})
 		}
-		s := sent{topic: topic, done: make(chan error, 1)}
+		s := sent{i: i, topic: topic, reason: reason, done: make(chan error, 1)}
 		if err := w.producer.Send(msg, func(_ int32, _ int64, err error) { s.done <- err }); err != nil {
 			return fmt.Errorf("dead-letter %s[%d]@%d to %s: %w", rec.Topic, rec.Partition, rec.Offset, topic, err)
 		}
 		all = append(all, s)
 	}
-	for i, s := range all {
+	// Every answer is awaited, also after a failed one: each acknowledged
+	// dead letter is recorded in done, so that the record's redelivery
+	// writes only the ones that failed.
+	var first error
+	for _, s := range all {
 		select {
 		case err := <-s.done:
 			if err != nil {
-				return fmt.Errorf("dead-letter %s[%d]@%d to %s: %w", rec.Topic, rec.Partition, rec.Offset, s.topic, err)
+				if first == nil {
+					first = fmt.Errorf("dead-letter %s[%d]@%d to %s: %w", rec.Topic, rec.Partition, rec.Offset, s.topic, err)
+				}
+				continue
 			}
-			w.metrics.deadLettered(rec.Topic, causeIDs[i])
+			done.add(rec.Offset, causeIDs[s.i])
+			w.metrics.deadLettered(rec.Topic, causeIDs[s.i])
 			w.log.Warn("record dead-lettered", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset,
-				"agent", causeIDs[i], "dlq", s.topic, "attempts", attempts, "reason", causes[i])
+				"agent", causeIDs[s.i], "dlq", s.topic, "attempts", attempts, "reason", s.reason)
 		case <-ctx.Done():
 			return fmt.Errorf("dead-letter %s[%d]@%d to %s: %w", rec.Topic, rec.Partition, rec.Offset, s.topic, ctx.Err())
 		}
 	}
-	return nil
+	return first
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/changelog"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/spf13/cobra"
 )
@@ -78,9 +79,12 @@ func decodeDeadLetter(m *sarama.ConsumerMessage) DeadLetter {
 
 // readDeadLetters calls fn for each record of every partition of topic from
 // the offset from(p) returns (sarama.OffsetOldest allowed) up to the
-// highwater captured at the start, in offset order per partition. A
-// partition that delivers nothing for 2 s while below its highwater (only
-// transaction markers left) ends early.
+// highwater captured at the start, in offset order per partition, as a
+// read_committed consumer gets them: neither transaction markers nor records
+// of aborted transactions are records. A partition is read once nothing is
+// given for 200 ms and a direct fetch finds only markers and aborted records
+// left below the highwater (changelog.Restorer.SkipControl); one that
+// delivers nothing for 2 s while below its highwater ends early.
 func readDeadLetters(ctx context.Context, client sarama.Client, topic string, from func(p int32) (int64, error), fn func(*sarama.ConsumerMessage) error) error {
 	ps, err := client.Partitions(topic)
 	if err != nil {
@@ -98,6 +102,7 @@ func readDeadLetters(ctx context.Context, client sarama.Client, topic string, fr
 		return fmt.Errorf("consumer: %w", err)
 	}
 	defer consumer.Close()
+	probe := &changelog.Restorer{Client: client} // fetches with the client's isolation level
 	for _, p := range ps {
 		hw, err := client.GetOffset(topic, p, sarama.OffsetNewest)
 		if err != nil {
@@ -123,16 +128,28 @@ func readDeadLetters(ctx context.Context, client sarama.Client, topic string, fr
 		}
 		err = func() error {
 			defer pc.Close()
+			next := start // the offset after the last record given
+			idle := time.Duration(0)
+			const idleProbe = 200 * time.Millisecond
 			for {
 				select {
 				case <-ctx.Done():
 					return ctx.Err()
-				case <-time.After(2 * time.Second):
-					return nil
+				case <-time.After(idleProbe):
+					// Under ExactlyOnce the log ends with a commit marker,
+					// which the consumer never gives.
+					if to, err := probe.SkipControl(topic, p, next); err == nil && to >= hw {
+						return nil
+					}
+					if idle += idleProbe; idle >= 2*time.Second {
+						return nil
+					}
 				case m := <-pc.Messages():
+					idle = 0
 					if err := fn(m); err != nil {
 						return err
 					}
+					next = m.Offset + 1
 					if m.Offset >= hw-1 {
 						return nil
 					}
@@ -186,7 +203,7 @@ func (a *App) dlqCommand() *cobra.Command {
 			fmt.Fprintln(tw, "AGENT\tDEAD-LETTER TOPIC\tRECORDS\tNOT REPLAYED")
 			for _, name := range a.agentNames() {
 				topic := a.DeadLetterTopic(name)
-				n, pending, err := a.dlqCounts(client, topic, name)
+				n, pending, err := a.dlqCounts(cmd.Context(), client, topic, name)
 				if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
 					fmt.Fprintf(tw, "%s\t%s\t-\t-\n", name, topic)
 					continue
@@ -262,7 +279,8 @@ Records dead-lettered while the replay runs wait for the next one.`,
 			if dryRun {
 				verb = "would send back"
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "%s %d dead letters of agent %s (%d of other agents skipped)\n", verb, st.Sent, args[0], st.Skipped)
+			fmt.Fprintf(cmd.ErrOrStderr(), "%s %d dead letters of agent %s (%d of other agents skipped, %d duplicates of a record already sent skipped)\n",
+				verb, st.Sent, args[0], st.Skipped, st.Duplicates)
 			return nil
 		},
 	}
@@ -272,10 +290,14 @@ Records dead-lettered while the replay runs wait for the next one.`,
 	return dlq
 }
 
-// dlqCounts returns how many records topic holds (highwater minus log start,
-// over its partitions; under ExactlyOnce transaction markers count too) and
-// how many of them no replay of agent sent back.
-func (a *App) dlqCounts(client sarama.Client, topic, agent string) (n, pending int64, err error) {
+// dlqCounts returns how many dead letters of agent topic holds and how many
+// of them no replay of agent sent back. It counts records, read as a
+// read_committed consumer gets them (readDeadLetters), not offsets: under
+// ExactlyOnce a dead letter is written in the cycle's transaction, so the
+// topic also holds transaction markers and, after an abort, records that
+// were never dead letters. Records of other agents (a topic shared with
+// WithDeadLetterTopic) are not counted.
+func (a *App) dlqCounts(ctx context.Context, client sarama.Client, topic, agent string) (n, pending int64, err error) {
 	ps, err := client.Partitions(topic)
 	if err != nil {
 		return 0, 0, fmt.Errorf("partitions of %s: %w", topic, err)
@@ -284,17 +306,19 @@ func (a *App) dlqCounts(client sarama.Client, topic, agent string) (n, pending i
 	if err != nil {
 		return 0, 0, err
 	}
-	for _, p := range ps {
-		hw, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
-			return 0, 0, fmt.Errorf("highwater %s[%d]: %w", topic, p, err)
+	oldest := func(int32) (int64, error) { return sarama.OffsetOldest, nil }
+	err = readDeadLetters(ctx, client, topic, oldest, func(m *sarama.ConsumerMessage) error {
+		if d := decodeDeadLetter(m); d.Agent != "" && d.Agent != agent {
+			return nil
 		}
-		oldest, err := client.GetOffset(topic, p, sarama.OffsetOldest)
-		if err != nil {
-			return 0, 0, fmt.Errorf("log start %s[%d]: %w", topic, p, err)
+		n++
+		if m.Offset >= committed[m.Partition] {
+			pending++
 		}
-		n += hw - oldest
-		pending += hw - max(oldest, committed[p])
+		return nil
+	})
+	if err != nil {
+		return 0, 0, err
 	}
 	return n, pending, nil
 }
@@ -340,8 +364,12 @@ type ReplayOptions struct {
 type ReplayStats struct {
 	// Sent is how many dead letters of the agent were sent back (with
 	// DryRun: would be); Skipped how many of other agents (a dead-letter
-	// topic shared with WithDeadLetterTopic) were passed over.
-	Sent, Skipped int64
+	// topic shared with WithDeadLetterTopic) were passed over; Duplicates
+	// how many were passed over because a dead letter of the same source
+	// record (topic, partition, offset) of the agent was sent in this
+	// replay already (under AtLeastOnce a record processed again after a
+	// crash can be dead-lettered again: docs/ack-mode.md).
+	Sent, Skipped, Duplicates int64
 }
 
 // ReplayDeadLetters sends the dead letters of agent back to the source topic
@@ -390,6 +418,14 @@ func (a *App) ReplayDeadLetters(ctx context.Context, agent string, o ReplayOptio
 	var all []sent
 	next := map[int32]int64{} // DLQ partition -> offset after the last record read
 	partsOf := map[string]int32{}
+	// The source records sent back in this replay: a source offset names
+	// one record, so a second dead letter of it would be a copy.
+	type origin struct {
+		topic     string
+		partition int32
+		offset    int64
+	}
+	sentFrom := map[origin]bool{}
 	err = readDeadLetters(ctx, client, topic, func(p int32) (int64, error) {
 		if c, ok := committed[p]; ok {
 			return c, nil
@@ -404,6 +440,14 @@ func (a *App) ReplayDeadLetters(ctx context.Context, agent string, o ReplayOptio
 		}
 		if d.Topic == "" {
 			return fmt.Errorf("dead letter %s[%d]@%d has no %s header", m.Topic, m.Partition, m.Offset, HeaderTopic)
+		}
+		if d.Partition >= 0 && d.Offset >= 0 {
+			src := origin{d.Topic, d.Partition, d.Offset}
+			if sentFrom[src] {
+				st.Duplicates++
+				return nil
+			}
+			sentFrom[src] = true
 		}
 		n, ok := partsOf[d.Topic]
 		if !ok {

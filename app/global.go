@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/hashicorp/go-multierror"
 	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/changelog"
 	"github.com/runnel-dev/runnel/stores"
@@ -112,13 +111,13 @@ func (w *Worker) startGlobals(ctx context.Context) (stop func() error, err error
 	stop = func() error {
 		cancel()
 		bg.Wait()
-		var errs *multierror.Error
+		var errs []error
 		for i := len(closers) - 1; i >= 0; i-- {
 			if err := closers[i](); err != nil {
-				errs = multierror.Append(errs, err)
+				errs = append(errs, err)
 			}
 		}
-		return errs.ErrorOrNil()
+		return joinErrors(errs)
 	}
 	if len(w.glob.tables) == 0 {
 		w.glob.ready.Store(true)
@@ -148,7 +147,7 @@ func (w *Worker) startGlobals(ctx context.Context) (stop func() error, err error
 	restorer := &changelog.Restorer{Client: client, Consumer: consumer, Logger: w.log}
 	started := time.Now()
 	var mu sync.Mutex
-	var errs *multierror.Error
+	var errs []error
 	var restores sync.WaitGroup
 	for _, g := range w.glob.tables {
 		for p := range g.parts {
@@ -161,7 +160,7 @@ func (w *Worker) startGlobals(ctx context.Context) (stop func() error, err error
 				restores.Done()
 				if err != nil {
 					mu.Lock()
-					errs = multierror.Append(errs, fmt.Errorf("global table %s: %w", g.def.Name(), err))
+					errs = append(errs, fmt.Errorf("global table %s: %w", g.def.Name(), err))
 					mu.Unlock()
 					return
 				}
@@ -193,7 +192,7 @@ func (w *Worker) startGlobals(ctx context.Context) (stop func() error, err error
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if err := errs.ErrorOrNil(); err != nil {
+	if err := joinErrors(errs); err != nil {
 		return stop, err
 	}
 	w.glob.ready.Store(true)

@@ -17,7 +17,9 @@ import (
 // as a restore does: changelog.Stamp), from the log start to the highwater
 // captured when the read starts. It needs no worker, so it works from any
 // machine that reaches the brokers. Values are decoded with the table's codec.
-// Effects of records whose source offsets are not committed yet are included.
+// Effects of records whose source offsets are not committed yet are included;
+// records of aborted transactions (ExactlyOnce) are not: it reads
+// read_committed.
 func ReadTable(ctx context.Context, client sarama.Client, d table.Def) (map[string]any, error) {
 	topic := d.Changelog()
 	parts, err := client.Partitions(topic)
@@ -30,9 +32,25 @@ func ReadTable(ctx context.Context, client sarama.Client, d table.Def) (map[stri
 	for _, b := range client.Brokers() {
 		addrs = append(addrs, b.Addr())
 	}
+	cfg := *client.Config()
+	if cfg.Version.IsAtLeast(sarama.V0_11_0_0) {
+		// As a restore under ExactlyOnce: only committed transactions. A
+		// changelog record of an aborted cycle never was the table's state.
+		// Records written outside transactions (AtLeastOnce) are all read.
+		cfg.Consumer.IsolationLevel = sarama.ReadCommitted
+	}
+	// Offset lookups and the direct fetches that find a partition's end
+	// (Restorer.Client) go through a client with the same isolation level,
+	// but not the fetches' connections: a lookup would wait behind a fetch
+	// long-poll.
+	ocfg := cfg // a client keeps its config's address: one copy each
+	oc, err := sarama.NewClient(addrs, &ocfg)
+	if err != nil {
+		return nil, fmt.Errorf("table %s: %w", d.Name(), err)
+	}
+	defer oc.Close()
 	// A short fetch wait: closing a partition consumer waits for the fetch
 	// in flight, once per partition read.
-	cfg := *client.Config()
 	cfg.Consumer.MaxWaitTime = 20 * time.Millisecond
 	// The restore resumes at the new log start when compaction moved it past
 	// the read position (kfake compacts the head of a partition), but only
@@ -49,7 +67,7 @@ func ReadTable(ctx context.Context, client sarama.Client, d table.Def) (map[stri
 		return nil, err
 	}
 	defer consumer.Close()
-	r := &changelog.Restorer{Client: client, Consumer: consumer, Logger: slog.New(slog.DiscardHandler), ProgressInterval: time.Hour}
+	r := &changelog.Restorer{Client: oc, Consumer: consumer, Logger: slog.New(slog.DiscardHandler), ProgressInterval: time.Hour}
 	st := stores.NewMemory()
 	defer st.Close()
 	out := map[string]any{}

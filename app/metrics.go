@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/hashicorp/go-multierror"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/runnel-dev/runnel/agent"
@@ -550,15 +549,29 @@ func (w *Worker) serveHTTP(addr string) (func() error, error) {
 	}, nil
 }
 
+// joinErrors returns nil for no error, the error itself for one (no "1 error
+// occurred" wrapper around it), and errors.Join of all of them otherwise (one
+// line each; errors.Is and errors.As see every one).
 func joinErrors(errs []error) error {
-	if len(errs) == 0 {
+	switch len(errs) {
+	case 0:
 		return nil
+	case 1:
+		return errs[0]
 	}
-	var m *multierror.Error
-	for _, e := range errs {
-		m = multierror.Append(m, e)
+	return errors.Join(errs...)
+}
+
+// oneError unwraps a go-multierror that holds a single error, whose text would
+// otherwise read "1 error occurred: * ..." (internal/kafka.EnsureTopics
+// returns one); any other error is returned as it is.
+func oneError(err error) error {
+	if m, ok := err.(interface{ WrappedErrors() []error }); ok {
+		if ws := m.WrappedErrors(); len(ws) == 1 {
+			return ws[0]
+		}
 	}
-	return m
+	return err
 }
 
 // errEmbedded is returned when a worker is pointed at "embedded" outside dev mode.

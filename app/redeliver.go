@@ -172,6 +172,19 @@ type partition struct {
 	// task runs the commit cycles of the tables this partition writes; nil
 	// when it writes none (offsets are then marked as records resolve).
 	task *taskRun
+	// dead are the records of the claim dead-lettered at-least-once and not
+	// yet behind the marked offset (dlq.go).
+	dead deadLettered
+}
+
+// deadLetters is the claim's record of dead letters written, nil under
+// ExactlyOnce: there a dead letter is part of the cycle's transaction, and a
+// record processed again after an abort must be dead-lettered again.
+func (pt *partition) deadLetters() *deadLettered {
+	if pt.w.txn != nil {
+		return nil
+	}
+	return &pt.dead
 }
 
 type agentResult struct {
@@ -1083,6 +1096,7 @@ func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem)
 			// Kafka commits the offset of the next record to read.
 			pt.sess.MarkOffset(pt.topic, pt.p, next, "")
 			pt.w.metrics.position(pt.topic, pt.p, next)
+			pt.dead.prune(next)
 		}
 		if resolved > 0 {
 			pt.w.processed.Add(int64(resolved))
@@ -1113,7 +1127,7 @@ func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem)
 		off := it.Record.Offset
 		failed := !it.Outcome.Clean() && (it.Outcome.Failed > 0 || it.Outcome.Rejected == 0)
 		if !failed && it.Outcome.Rejected > 0 {
-			if err := pt.w.deadLetter(ctx, it.Record, it.Causes, it.CauseIDs, pt.attemptsOf(off)+1); err != nil {
+			if err := pt.w.deadLetter(ctx, it.Record, it.Causes, it.CauseIDs, pt.attemptsOf(off)+1, pt.deadLetters()); err != nil {
 				pt.w.log.Warn("dead-letter failed; the record is redelivered", "topic", pt.topic, "partition", pt.p, "offset", off, "err", err)
 				it.Causes = append(it.Causes, err)
 				failed = true
@@ -1140,7 +1154,7 @@ func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem)
 			if len(it.CauseIDs) == 0 {
 				return fmt.Errorf("%s@%d failed %d times with no subscriber to dead-letter it to (outcome %+v)", pt.key, off, n, it.Outcome)
 			}
-			if err := pt.w.deadLetter(ctx, it.Record, it.Causes, it.CauseIDs, n); err != nil {
+			if err := pt.w.deadLetter(ctx, it.Record, it.Causes, it.CauseIDs, n, pt.deadLetters()); err != nil {
 				return err
 			}
 		}
@@ -1241,6 +1255,7 @@ func (c *claimProducer) Committable(boundary int64) {
 	if mark {
 		c.pt.sess.MarkOffset(c.pt.topic, c.pt.p, next, "")
 		c.pt.w.metrics.position(c.pt.topic, c.pt.p, next)
+		c.pt.dead.prune(next)
 	}
 }
 

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/hashicorp/go-multierror"
 	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/changelog"
@@ -270,7 +269,7 @@ func connect(ctx context.Context, sec kafka.Security, brokers []string, clientID
 	}
 	if err := kafka.EnsureTopics(admin, len(client.Brokers()), specs); err != nil {
 		client.Close()
-		return nil, nil, err
+		return nil, nil, oneError(err)
 	}
 	return client, c, nil
 }
@@ -315,16 +314,16 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	}
 	var closers []func() error
 	defer func() {
-		var errs *multierror.Error
+		var errs []error
 		if err != nil {
-			errs = multierror.Append(errs, err)
+			errs = append(errs, err)
 		}
 		for i := len(closers) - 1; i >= 0; i-- {
 			if e := closers[i](); e != nil {
-				errs = multierror.Append(errs, e)
+				errs = append(errs, e)
 			}
 		}
-		err = errs.ErrorOrNil()
+		err = joinErrors(errs)
 	}()
 	closers = append(closers, w.client.Close)
 
@@ -513,9 +512,22 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("join group %s: %w", w.app.id, err)
 	}
 	closers = append(closers, func() error {
-		err := group.Close() // LeaveGroup: the coordinator rebalances the others at once
-		w.log.Info("worker left group", "group", w.app.id, "err", err)
-		return err
+		// LeaveGroup: the coordinator rebalances the others at once instead
+		// of after the session timeout. Leaving is that courtesy only: the
+		// session's end committed the offsets before (handler.Cleanup), and
+		// a member that failed to leave (NOT_COORDINATOR after a coordinator
+		// move, a broken connection) is removed when its session times out.
+		// So a failed leave is a warning, never the run's error: a requested
+		// stop that finished its work exits 0. Close also returns the last
+		// group error still queued, which the loop below logs as a warning
+		// too.
+		if err := group.Close(); err != nil {
+			w.log.Warn("leaving the group failed; the coordinator removes this member when its session times out",
+				"group", w.app.id, "err", err)
+			return nil
+		}
+		w.log.Info("worker left group", "group", w.app.id)
+		return nil
 	})
 	go func() {
 		for e := range group.Errors() {

@@ -2,6 +2,7 @@ package topology
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"regexp"
@@ -9,8 +10,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-
-	"github.com/hashicorp/go-multierror"
 )
 
 // Graph is an app's declared topology.
@@ -88,28 +87,28 @@ func (g *Graph) Topic(name string) (Topic, bool) {
 // (co-partitioning: a table written from partition p of a source is partition p
 // of the table). The error lists every problem found.
 func (g *Graph) Resolve() (err error) {
-	var errs *multierror.Error
+	var errs []error
 	counts := map[int32]bool{}
 	for _, t := range g.Topics {
 		if t.Partitions <= 0 {
-			errs = multierror.Append(errs, fmt.Errorf("topic %s: partitions must be > 0, got %d", t.Name, t.Partitions))
+			errs = append(errs, fmt.Errorf("topic %s: partitions must be > 0, got %d", t.Name, t.Partitions))
 		}
 	}
 	for _, a := range g.Agents {
 		t, ok := g.Topic(a.Source)
 		if !ok {
-			errs = multierror.Append(errs, fmt.Errorf("agent %s: source topic %s is not declared", a.Name, a.Source))
+			errs = append(errs, fmt.Errorf("agent %s: source topic %s is not declared", a.Name, a.Source))
 			continue
 		}
 		counts[t.Partitions] = true
 		for _, s := range a.Sinks {
 			if _, ok := g.Topic(s); !ok {
-				errs = multierror.Append(errs, fmt.Errorf("agent %s: sink topic %s is not declared", a.Name, s))
+				errs = append(errs, fmt.Errorf("agent %s: sink topic %s is not declared", a.Name, s))
 			}
 		}
 		for _, name := range a.Tables {
 			if !slices.ContainsFunc(g.Tables, func(t Table) bool { return t.Name == name }) {
-				errs = multierror.Append(errs, fmt.Errorf("agent %s: table %s is not declared", a.Name, name))
+				errs = append(errs, fmt.Errorf("agent %s: table %s is not declared", a.Name, name))
 			}
 		}
 	}
@@ -121,9 +120,9 @@ func (g *Graph) Resolve() (err error) {
 				t, ok := g.table(name)
 				switch {
 				case !ok:
-					errs = multierror.Append(errs, fmt.Errorf("table %s: joins table %s, which is not declared", j.Name, name))
+					errs = append(errs, fmt.Errorf("table %s: joins table %s, which is not declared", j.Name, name))
 				case t.Partitions > 0 && j.Partitions > 0 && t.Partitions != j.Partitions:
-					errs = multierror.Append(errs, fmt.Errorf("table %s (%d partitions): joins table %s (%d partitions): the tables of a join must be co-partitioned (the same partition count)",
+					errs = append(errs, fmt.Errorf("table %s (%d partitions): joins table %s (%d partitions): the tables of a join must be co-partitioned (the same partition count)",
 						j.Name, j.Partitions, name, t.Partitions))
 				}
 			}
@@ -136,7 +135,7 @@ func (g *Graph) Resolve() (err error) {
 			for _, name := range a.Tables {
 				t, ok := g.table(name)
 				if ok && t.Partitions > 0 && t.Partitions != src.Partitions {
-					errs = multierror.Append(errs, fmt.Errorf("agent %s: writes table %s (%d partitions) from %s (%d partitions): "+
+					errs = append(errs, fmt.Errorf("agent %s: writes table %s (%d partitions) from %s (%d partitions): "+
 						"not co-partitioned, a record of partition p would write partition p of the table, which another task owns; "+
 						"declare both with the same partition count, or re-key the stream to the table's key first (agent.Repartition)",
 						a.Name, name, t.Partitions, a.Source, src.Partitions))
@@ -146,16 +145,18 @@ func (g *Graph) Resolve() (err error) {
 				t, ok := g.table(name)
 				switch {
 				case !ok:
-					errs = multierror.Append(errs, fmt.Errorf("agent %s: looks up table %s, which is not declared", a.Name, name))
+					errs = append(errs, fmt.Errorf("agent %s: looks up table %s, which is not declared", a.Name, name))
 				case t.Partitions > 0 && t.Partitions != src.Partitions:
-					errs = multierror.Append(errs, fmt.Errorf("agent %s: looks up table %s (%d partitions) by the key of %s (%d partitions): "+
+					errs = append(errs, fmt.Errorf("agent %s: looks up table %s (%d partitions) by the key of %s (%d partitions): "+
 						"not co-partitioned, partition p of the topic would read partition p of the table, where the key is not; "+
 						"declare both with the same partition count, re-key the stream to the table's key first (agent.Repartition), or make the table global",
 						a.Name, name, t.Partitions, a.Source, src.Partitions))
 				}
 			}
 		}
-		err = errs.ErrorOrNil()
+		// errors.Join, not a multierror: one problem reads as itself, with
+		// no "1 error occurred" around it; several read one a line.
+		err = errors.Join(errs...)
 	}()
 	for i, t := range g.Tables {
 		if t.Partitions > 0 {
@@ -167,12 +168,12 @@ func (g *Graph) Resolve() (err error) {
 				g.Tables[i].Partitions = n
 			}
 		case 0:
-			errs = multierror.Append(errs, fmt.Errorf("table %s: no agent source to take a partition count from; declare it with table.Partitions(n)", t.Name))
+			errs = append(errs, fmt.Errorf("table %s: no agent source to take a partition count from; declare it with table.Partitions(n)", t.Name))
 		default:
-			errs = multierror.Append(errs, fmt.Errorf("table %s: source topics have different partition counts; declare the table's with table.Partitions(n) equal to the topics it is written from", t.Name))
+			errs = append(errs, fmt.Errorf("table %s: source topics have different partition counts; declare the table's with table.Partitions(n) equal to the topics it is written from", t.Name))
 		}
 	}
-	return errs.ErrorOrNil()
+	return nil // the deferred checks above set err
 }
 
 func (g *Graph) table(name string) (Table, bool) {

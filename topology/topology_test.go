@@ -38,6 +38,15 @@ func TestResolveReportsEveryProblem(t *testing.T) {
 	}
 }
 
+// One problem reads as itself, with no "1 error occurred" around it.
+func TestResolveReportsOneProblemAsItself(t *testing.T) {
+	g := &Graph{App: "a", Topics: []Topic{{Name: "in", Partitions: 8}}, Agents: []Agent{{Name: "z", Source: "missing"}}}
+	err := g.Resolve()
+	if err == nil || err.Error() != "agent z: source topic missing is not declared" {
+		t.Errorf("error %q, want only the problem", err)
+	}
+}
+
 func TestValidName(t *testing.T) {
 	for _, ok := range []string{"change-events", "a.b_c", "X1"} {
 		if ValidName(ok) != nil {

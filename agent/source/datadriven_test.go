@@ -45,7 +45,7 @@ import (
 //	bind a@0 t1 t2              Bind on a's delivery of offset 0, naming the tokens; no names: just report
 //	confirm t1 zero             Token.Confirm ("zero" is Token{})
 //	fail t1 [cause=name]        Token.Fail
-//	reject a@0 [reason=name]    Delivery.Reject
+//	reject a@0 [reason=name]    Delivery.Reject ("zero" is &Delivery{}, "nil" a nil *Delivery; also for bind)
 //	unsubscribe a [cause=name]  Subscription.Unsubscribe
 //	advanced [items]            Advance batches since the last call ("items": items only, for racy batching)
 //	items                       every advanced item so far: outcome, Clean, causes and their subscribers
@@ -590,6 +590,12 @@ func (s *script) sub(t *testing.T, d *datadriven.TestData, id string) *Subscript
 }
 
 func (s *script) delivery(t *testing.T, d *datadriven.TestData, ref string) *Delivery {
+	switch ref {
+	case "zero":
+		return &Delivery{}
+	case "nil":
+		return nil
+	}
 	del, ok := s.deliveries[ref]
 	if !ok {
 		d.Fatalf(t, "no delivery %s", ref)

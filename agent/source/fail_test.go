@@ -57,3 +57,25 @@ func TestDeliveryFailKeepsSubscriber(t *testing.T) {
 		h.expectAdvanced("1:2/0/0", "2:2/0/0")
 	})
 }
+
+// A Delivery that Next never filled, the zero value or a nil pointer, has no
+// window: every method is a no-op that reports false instead of
+// dereferencing a subscriber it does not have (issue #26: Reject panicked).
+func TestEmptyDeliveryIsNoop(t *testing.T) {
+	for name, d := range map[string]*Delivery{"zero": {}, "nil": nil} {
+		t.Run(name, func(t *testing.T) {
+			if d.Reject(errors.New("bad")) {
+				t.Error("Reject took effect")
+			}
+			if d.Fail(errors.New("bad")) {
+				t.Error("Fail took effect")
+			}
+			if _, ok := d.Bind(); ok {
+				t.Error("Bind returned a token")
+			}
+			if d.Open() {
+				t.Error("Open reported a window")
+			}
+		})
+	}
+}

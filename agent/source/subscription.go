@@ -185,7 +185,9 @@ func (s *Subscription) Unsubscribe(cause error) {
 
 // Delivery is one record handed to one subscriber; its binding window is open
 // from Next's return until the next Next or Unsubscribe. A Delivery whose
-// window closed is stale: Bind and Reject on it are no-ops (deviation 2).
+// window closed is stale: Bind and Reject on it are no-ops (deviation 2). So
+// are Open, Bind, Reject and Fail on a Delivery that Next never filled (the
+// zero Delivery, or a nil pointer): it has no window.
 type Delivery struct {
 	Record *Record
 
@@ -197,7 +199,7 @@ type Delivery struct {
 // Open reports whether d's binding window is open: the subscriber has not
 // pulled the next record and d is not resolved. It binds nothing.
 func (d *Delivery) Open() bool {
-	if d.e == nil {
+	if d == nil || d.e == nil {
 		return false
 	}
 	s := d.s
@@ -213,7 +215,7 @@ func (d *Delivery) Open() bool {
 // (rejected or failed), the group is on the fast path, or the group stopped.
 // A derived record must be bound before the subscriber calls Next again.
 func (d *Delivery) Bind() (tok Token, ok bool) {
-	if d.e == nil {
+	if d == nil || d.e == nil {
 		return Token{}, false
 	}
 	// Only the subscriber lock: the window is open (winD==d) and its entry
@@ -237,8 +239,13 @@ func (d *Delivery) Bind() (tok Token, ok bool) {
 // the producer dead-letters it); tokens already bound in the window are
 // dropped and later Binds return false. It returns true when it took effect.
 // Outside d's open window (stale delivery, fast path, after a failure or a
-// previous reject) it does nothing; outside a window it logs a warning.
+// previous reject) it does nothing; outside a window it logs a warning. On a
+// Delivery that Next never filled (zero or nil) it does nothing and returns
+// false: there is no subscriber to log for.
 func (d *Delivery) Reject(reason error) bool {
+	if d == nil || d.s == nil {
+		return false
+	}
 	g := d.s.g
 	if d.e == nil {
 		g.m.log.Warn("Reject called outside an ack-mode binding window; ignored", "source", g.key, "subscriber", d.s.id)
@@ -274,7 +281,7 @@ func (d *Delivery) Reject(reason error) bool {
 // effect; outside d's open window (stale delivery, fast path, after a reject
 // or an earlier failure) it does nothing.
 func (d *Delivery) Fail(cause error) bool {
-	if d.e == nil {
+	if d == nil || d.e == nil {
 		return false
 	}
 	g := d.s.g
