@@ -199,8 +199,13 @@ type planner struct {
 //  4. While max-min load > 1, one task moves from a most-loaded to a
 //     least-loaded member, preferring one the receiver holds state for.
 //     Nothing else moves: total moves are the minimum (bench
-//     TestAssignorMoves), and with lag known step 7 keeps an orphan on a
-//     caught-up standby holder instead of restoring it.
+//     TestAssignorMoves; step 5 adds moves only towards members that
+//     rejoin with older claims), and with lag known step 7 keeps an orphan
+//     on a caught-up standby holder instead of restoring it.
+//  5. Tasks go back to their earlier owners (a member that rejoined with an
+//     older claim, else the previous owner) wherever that keeps both
+//     balances (returnHome): after a whole-group restart the last plan
+//     restores the assignment from before it (issue #26).
 //  6. Standbys per stateful task: keep previous holders (the displaced active
 //     first), fill from the members with fewest standbys, then balance to
 //     the narrowest spread the actives allow (again after step 7).
@@ -443,15 +448,8 @@ func (p *planner) claim() {
 	}
 	p.since = make([]int32, len(p.taskG))
 	for t, o := range p.prevOwn {
-		if o < 0 {
-			continue
-		}
-		p.since[t] = p.gen[o]
-		g := p.groups[p.taskG[t]]
-		for _, topic := range append(slices.Clone(g.sources), g.changelogs...) {
-			if v, ok := p.members[o].Since[topic][p.taskP[t]]; ok && v < p.since[t] {
-				p.since[t] = v
-			}
+		if o >= 0 {
+			p.since[t] = p.claimSince(o, t)
 		}
 	}
 	for t, ms := range p.older {
@@ -482,6 +480,35 @@ func (p *planner) claim() {
 		}
 		return p.lag(m, t) <= p.c.AcceptableRecoveryLag
 	}
+}
+
+// claimSince returns the generation since which member m, which claims
+// task t as a previous active, has held it without a break: its
+// Member.Since for any of the task's topics, bounded by its claimed
+// generation (-1 when untrusted).
+func (p *planner) claimSince(m, t int) int32 {
+	s := p.gen[m]
+	g := p.groups[p.taskG[t]]
+	for _, topic := range append(slices.Clone(g.sources), g.changelogs...) {
+		if v, ok := p.members[m].Since[topic][p.taskP[t]]; ok && v < s {
+			s = v
+		}
+	}
+	return s
+}
+
+// heldSince returns the generation since which member m has held task t,
+// for a member that holds it in the plan being built: p.since for the
+// previous owner, its claim's for an earlier owner that got it back
+// (p.older), and MaxInt32 (now) for a task it receives in this plan.
+func (p *planner) heldSince(m, t int) int32 {
+	switch {
+	case p.prevOwn[t] == m:
+		return p.since[t]
+	case slices.Contains(p.older[t], m):
+		return p.claimSince(m, t)
+	}
+	return math.MaxInt32
 }
 
 // lagging is 1 when the changelog lag is known and member m is not caught up
@@ -531,10 +558,12 @@ func (p *planner) stateful(t int) bool { return len(p.groups[p.taskG[t]].changel
 // alone (so every member holds floor or ceil of Ts/N of them, which is what
 // makes a within-one standby spread possible, docs/assignment.md), then the
 // stateless tasks on top of them so that the total per member is within
-// floor/ceil of T/N too. Phase 2 never moves a stateful task.
+// floor/ceil of T/N too. Phase 2 never moves a stateful task. Then tasks go
+// back to their earlier owners where the balance allows it (returnHome).
 func (p *planner) assignActives() {
 	p.assignPhase(true)
 	p.assignPhase(false)
+	p.returnHome()
 }
 
 // assignPhase places the tasks whose stateful() equals stateful. p.load holds
@@ -652,7 +681,11 @@ func (p *planner) assignPhase(stateful bool) {
 				if p.freeSlot(h, room, visited, placedHere) {
 					p.active[t] = h
 					p.load[h]++
-					placedHere[t] = true
+					// A task back with its earlier owner stays there,
+					// as a kept one does: moved on to another holder,
+					// the earlier owner's claim would be lost with the
+					// next plan (the new holder reports it then).
+					placedHere[t] = !pass.older
 					break
 				}
 			}
@@ -707,6 +740,253 @@ func (p *planner) assignPhase(stateful bool) {
 	}
 	// 5. Balance: move from most- to least-loaded while the gap exceeds one.
 	p.balanceActives(gcount, inPhase, pref)
+}
+
+// home returns the member task t goes back to when the balance allows it
+// (-1 when nobody claims t): its most recent earlier owner (p.older[t][0])
+// when that claim shows it ran t before the current claimant took t over,
+// else the current claimant (p.prevOwn). An earlier owner's claim counts
+// with a trusted generation (>= 0) below the generation since which the
+// current claimant has held t without a break (p.since): a claim at or
+// above it overlaps that unbroken hold (a zombie), and a claim ranked -1
+// (untrusted, or no generation) proves nothing.
+func (p *planner) home(t int) int {
+	o := p.prevOwn[t]
+	if o < 0 || len(p.older[t]) == 0 {
+		return o
+	}
+	if r := p.older[t][0]; p.gen[r] >= 0 && p.gen[r] < p.since[t] {
+		return r
+	}
+	return o
+}
+
+// returnHome moves tasks back to their home (p.home: the earlier owner that
+// rejoined with an older claim, else the previous owner) without widening
+// either balance: the stateful actives per member and all actives per
+// member each keep their spread (at most 1 where the phases reached 1).
+//
+// Why: the phases keep every previous owner's tasks up to the ceiling
+// ceil(T/N) and settle as soon as the loads are within one, so which
+// members end at the ceiling follows from who claimed what, not from who
+// held the ceiling shares before. After a whole-group restart (issue #26:
+// P=13, N=3; the two members holding 4 rejoin first and share the third's
+// 5, then it returns) both members that joined first keep one of its tasks
+// at the ceiling (5 is the ceiling for each), the rejoiner gets the other
+// 3 and one by balancing, and ends at 4: a restart moved state for nothing.
+// No balancing move repairs that (the loads are already within one); a
+// move of a ceiling share does, from a member at the ceiling to the
+// member at the floor whose task it is. Likewise the stateless phase may
+// have moved a task away from its previous owner that a later swap can
+// give back.
+//
+// Cost: a move home that turns the rejoiner's floor share into its earlier
+// ceiling share is one move beyond the minimum (a member back from an
+// absence gets its earlier share, not the smallest fair one: the planner
+// cannot tell it from the last batch of a restart); a move to the previous
+// owner undoes a move. A home member that lags on a stateful task (lag
+// known) is skipped: KIP-441 would keep the task away from it anyway.
+//
+// First all homes at once: when that keeps both spreads (the whole group is
+// back and every task's earlier owner is known: the assignment before the
+// restart) it is taken. Otherwise one path or cycle of home moves at a
+// time, of one kind of task (stateful or stateless): a cycle changes no
+// count; a path d -> x1 -> ... -> r (d's task goes to its home x1, one of
+// x1's to its home x2, ..., into r) only lowers d and raises r, taken when
+// d is above r in every count it changes. Each step puts at least one more
+// task home and never moves one that is home, so it ends after at most T
+// steps. A member only ever receives a task it held before (its claim):
+// the members of the current generation never gain (t/meticulous
+// checkAdded).
+func (p *planner) returnHome() {
+	n := len(p.members)
+	home := make([]int, len(p.taskG))
+	st := make([]int, n) // stateful actives per member
+	pending := false
+	for t, m := range p.active {
+		home[t] = -1
+		if m < 0 {
+			continue
+		}
+		if p.stateful(t) {
+			st[m]++
+		}
+		if h := p.home(t); h >= 0 && h != m && p.lagging(h, t) == 0 {
+			home[t] = h
+			pending = true
+		}
+	}
+	if !pending {
+		return
+	}
+	stBound, ldBound := max(1, spreadOf(st)), max(1, spreadOf(p.load))
+	st2, ld2 := slices.Clone(st), slices.Clone(p.load)
+	for t, h := range home {
+		if h >= 0 {
+			m := p.active[t]
+			ld2[m]--
+			ld2[h]++
+			if p.stateful(t) {
+				st2[m]--
+				st2[h]++
+			}
+		}
+	}
+	if spreadOf(st2) <= stBound && spreadOf(ld2) <= ldBound {
+		for t, h := range home {
+			if h >= 0 {
+				p.active[t] = h
+			}
+		}
+		copy(p.load, ld2)
+		return
+	}
+	for p.homeCycle(home, st) || p.homePath(home, st) {
+	}
+}
+
+// spreadOf returns max - min of xs (0 when empty).
+func spreadOf(xs []int) int {
+	if len(xs) == 0 {
+		return 0
+	}
+	return slices.Max(xs) - slices.Min(xs)
+}
+
+// homeEdges returns member -> the tasks of one kind (stateful or not) it
+// holds that have a home elsewhere (home[t] >= 0, p.active[t] != home[t]),
+// in task order.
+func (p *planner) homeEdges(home []int, stateful bool) [][]int {
+	out := make([][]int, len(p.members))
+	for t, h := range home {
+		if h >= 0 && h != p.active[t] && p.stateful(t) == stateful {
+			out[p.active[t]] = append(out[p.active[t]], t)
+		}
+	}
+	return out
+}
+
+// sendHome moves task t from its member to home[t], keeping p.load and st.
+func (p *planner) sendHome(t int, home, st []int) {
+	from, to := p.active[t], home[t]
+	p.active[t] = to
+	p.load[from]--
+	p.load[to]++
+	if p.stateful(t) {
+		st[from]--
+		st[to]++
+	}
+}
+
+// homeCycle finds one cycle of home moves of one kind of task (each member
+// on it gives one task home and receives one of its own: no count changes)
+// and applies it. It reports whether it moved anything.
+func (p *planner) homeCycle(home, st []int) bool {
+	n := len(p.members)
+	for _, stateful := range []bool{true, false} {
+		out := p.homeEdges(home, stateful)
+		state := make([]int8, n) // 0 unvisited, 1 on the DFS stack, 2 done
+		via := make([]int, n)    // member -> the task that led to it on the stack
+		var cycle []int
+		var dfs func(x int) int // returns a member on a cycle found, or -1
+		dfs = func(x int) int {
+			state[x] = 1
+			for _, t := range out[x] {
+				y := home[t]
+				if state[y] == 1 {
+					// Cycle y -> ... -> x -> y: collect its tasks.
+					cycle = append(cycle, t)
+					for z := x; z != y; z = p.active[via[z]] {
+						cycle = append(cycle, via[z])
+					}
+					return y
+				}
+				if state[y] == 0 {
+					via[y] = t
+					if c := dfs(y); c >= 0 {
+						return c
+					}
+				}
+			}
+			state[x] = 2
+			return -1
+		}
+		for x := range n {
+			if state[x] == 0 && dfs(x) >= 0 {
+				for _, t := range cycle {
+					p.sendHome(t, home, st)
+				}
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// homePath finds one shortest path of home moves of one kind of task, from
+// a member d to a member r below d in every count the path changes (the
+// stateful actives for stateful tasks, and all actives), and applies it. It
+// reports whether it moved anything. Roots with the same counts are
+// searched together (the acceptance depends only on them).
+func (p *planner) homePath(home, st []int) bool {
+	n := len(p.members)
+	for _, stateful := range []bool{true, false} {
+		out := p.homeEdges(home, stateful)
+		below := func(d, r int) bool {
+			return p.load[d] > p.load[r] && (!stateful || st[d] > st[r])
+		}
+		done := make([]bool, n)
+		for d0 := range n {
+			if done[d0] || len(out[d0]) == 0 {
+				continue
+			}
+			via := make([]int, n) // member -> the task moved into it (-1 root, -2 unvisited)
+			for i := range via {
+				via[i] = -2
+			}
+			var queue []int
+			for d := d0; d < n; d++ {
+				if p.load[d] == p.load[d0] && st[d] == st[d0] {
+					done[d] = true
+					if len(out[d]) > 0 {
+						via[d] = -1
+						queue = append(queue, d)
+					}
+				}
+			}
+			end := -1
+			for len(queue) > 0 && end < 0 {
+				x := queue[0]
+				queue = queue[1:]
+				for _, t := range out[x] {
+					y := home[t]
+					if via[y] != -2 {
+						continue
+					}
+					via[y] = t
+					if below(d0, y) {
+						end = y
+						break
+					}
+					queue = append(queue, y)
+				}
+			}
+			if end < 0 {
+				continue
+			}
+			var path []int
+			for y := end; via[y] != -1; y = p.active[via[y]] {
+				path = append(path, via[y])
+			}
+			// Every edge was read before any move; the members on the path
+			// are distinct, so the moves apply in any order.
+			for _, t := range path {
+				p.sendHome(t, home, st)
+			}
+			return true
+		}
+	}
+	return false
 }
 
 // freeSlot reports whether member h can take one more task, possibly after
@@ -809,7 +1089,12 @@ func (p *planner) balanceActives(gcount [][]int, inPhase []bool, pref []int) {
 				} else if p.prevOwn[t] == r || p.isHolder(r, t) {
 					noState = 0
 				}
-				key := [9]int{-p.load[d], p.lagging(r, t), -pref[d], back, -int(p.since[t]), noState, owned, gcount[gi][r] - gcount[gi][d], t}
+				// The donor gives its most recently acquired task first: a
+				// task an earlier owner got back in this plan (p.older) is
+				// as old to it as its claim, not a task to pass on (after
+				// a restart that would lose the last record of where the
+				// task belongs: the receiver reports it from then on).
+				key := [9]int{-p.load[d], p.lagging(r, t), -pref[d], back, -int(p.heldSince(d, t)), noState, owned, gcount[gi][r] - gcount[gi][d], t}
 				if bestD < 0 || slices.Compare(key[:], bestKey[:]) < 0 {
 					bestD, bestT, bestKey = d, t, key
 				}

@@ -11,21 +11,24 @@ import (
 )
 
 // restartGroup simulates a restart of the whole group: every member of w
-// stops and comes back with a new member ID (the coordinator's, in an order
-// unrelated to the old one) and the assignment it persisted (its previous
-// actives and standbys at the last generation). The members join in the
-// given batches, one rebalance per batch: the members already back report
-// the assignment of the last plan, the batch its persisted one. It returns
-// the final plan and the old ID of each new one.
+// stops and comes back with a new member ID (the coordinator's: member i
+// of w gets restarted-ids[i], an order unrelated to the old IDs and to the
+// join order) and the assignment it persisted (its previous actives and
+// standbys at the last generation). The members join in the order join (a
+// permutation of w.members' indexes), cut into batches at cuts, one
+// rebalance per batch: the members already back report the assignment of
+// the last plan, the batch its persisted one. It returns the final plan and
+// the old ID of each new one.
 func restartGroup(t interface {
 	Fatalf(string, ...any)
-}, w *world, order []int, cuts []int) (assignor.Plan, map[string]string) {
+}, w *world, ids, join []int, cuts []int) (assignor.Plan, map[string]string) {
 	restarted := make([]assignor.Member, len(w.members))
 	oldID := map[string]string{}
-	for i, m := range w.members {
-		m.ID = fmt.Sprintf("restarted-%03d", order[i])
+	for k, i := range join {
+		m := w.members[i]
+		m.ID = fmt.Sprintf("restarted-%03d", ids[i])
 		oldID[m.ID] = w.members[i].ID
-		restarted[i] = m
+		restarted[k] = m
 	}
 	var joined []assignor.Member
 	var p assignor.Plan
@@ -92,22 +95,25 @@ func TestWholeGroupRestart(t *testing.T) {
 		w.apply(p)
 		before := w.owners(p)
 		n := len(w.members)
-		order := rapid.Permutation(func() []int {
-			s := make([]int, n)
-			for i := range s {
-				s[i] = i
-			}
-			return s
-		}()).Draw(t, "order")
+		order := rapid.Permutation(identity(n)).Draw(t, "order")
 		maxCuts := 1
 		if n <= 3 {
 			maxCuts = 3
 		}
 		cuts := rapid.SliceOfN(rapid.IntRange(0, n), 0, maxCuts).Draw(t, "cuts")
 		slices.Sort(cuts)
-		got, oldID := restartGroup(t, w, order, cuts)
+		got, oldID := restartGroup(t, w, order, identity(n), cuts)
 		checkBack(t, w, before, got, oldID)
 	})
+}
+
+// identity returns 0, 1, ..., n-1.
+func identity(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
 }
 
 // allStateful gives every stateless group of w a changelog.
@@ -175,7 +181,7 @@ func TestRestartStats(t *testing.T) {
 						cuts = append(cuts, r.IntN(n+1))
 					}
 					slices.Sort(cuts)
-					got, oldID := restartGroup(t, w, r.Perm(n), cuts)
+					got, oldID := restartGroup(t, w, r.Perm(n), identity(n), cuts)
 					var f failed
 					checkBack(&f, w, before, got, oldID)
 					if f {
@@ -195,3 +201,30 @@ func TestRestartStats(t *testing.T) {
 type failed bool
 
 func (f *failed) Fatalf(string, ...any) { *f = true }
+
+// Issue #26's smallest case: one stateful group of 13 partitions, no
+// replicas, three members; member-000 holds 5 (the ceil(13/3) share),
+// member-001 and member-002 hold 4. The two holding 4 rejoin first (with
+// two members each may take up to 7, so they share member-000's five), then
+// member-000. Before the fix member-000's claims lost to the newer ones at
+// the ceiling: one of its partitions stayed on a member that kept 5 and
+// member-000 ended with 4 (a restart moved state for nothing).
+func TestRestartCeilShareRejoinsLast(t *testing.T) {
+	w := &world{
+		groups:     [][]string{{"st", "st-changelog"}},
+		reps:       []string{"st"},
+		changelog:  []string{"st-changelog"},
+		topics:     map[string]int32{"st": 13},
+		changelogs: map[string]int32{"st-changelog": 13},
+	}
+	w.add(3)
+	p := mustPlanT(t, w.cluster())
+	if got := w.load(p); got["member-000"] != 5 || got["member-001"] != 4 || got["member-002"] != 4 {
+		t.Fatalf("fresh plan loads %v, want member-000 5, the others 4", got)
+	}
+	w.apply(p)
+	before := w.owners(p)
+	// New IDs in the old order; member-001 and member-002 join first.
+	got, oldID := restartGroup(t, w, []int{0, 1, 2}, []int{1, 2, 0}, []int{2})
+	checkBack(t, w, before, got, oldID)
+}
