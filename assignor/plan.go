@@ -46,6 +46,12 @@ type Member struct {
 	// rejoined first keep their own partitions and hand back those they only
 	// held while the others were away.
 	Since map[string]map[int32]int32
+	// Earlier maps topic -> partition -> generation: actives the member
+	// held at that generation, below Generation, and not since (after a
+	// restart: those of its persisted assignment it has not been given
+	// back, Assignment.Earlier). They are claims of that generation: they
+	// lose to every later one, and decide where a task goes back to.
+	Earlier map[string]map[int32]int32
 	// Owned maps topic -> partitions the member consumes right now (the
 	// OwnedPartitions of its JoinGroup subscription, KIP-429). Only read when
 	// Cluster.Cooperative is set; nil means PrevActives.
@@ -146,6 +152,16 @@ type group struct {
 	replicas   int // standbys per task, clamped
 }
 
+// claimRec is one member's claim on a task as its earlier active: the
+// generation it held the task at (-1 untrusted), since when without a
+// break, and whether it is an earlier claim (Member.Earlier: the member
+// does not run the task now, so its state is not known to be current).
+type claimRec struct {
+	m          int
+	gen, since int32
+	earlier    bool
+}
+
 // planner holds the working state of one PlanAssignment call. Members are
 // indexed by their position in ID order; tasks by (group, partition) in group
 // order. Invariants kept by every phase: active[t] is -1 or a member eligible
@@ -170,7 +186,10 @@ type planner struct {
 	older [][]int
 	// since: task -> the generation since which prevOwn has held it
 	// (Member.Since, bounded by its claimed generation); 0 without prevOwn.
-	since    []int32
+	since []int32
+	// claims: task -> every claim on it, the winner (prevOwn) first, then
+	// p.older's order.
+	claims   [][]claimRec
 	standby  [][]int
 	sload    []int
 	warm     [][]int
@@ -390,6 +409,40 @@ func (p *planner) tasksOf(tp map[string][]int32) []int {
 	return slices.Compact(ts)
 }
 
+// taskGen is a task and a generation.
+type taskGen struct {
+	t   int
+	gen int32
+}
+
+// earlierOf returns the tasks a Member.Earlier map names with their
+// generation (the highest over the task's topics), sorted by task.
+func (p *planner) earlierOf(m map[string]map[int32]int32) []taskGen {
+	byTask := map[int]int32{}
+	for _, topic := range sortedKeys(m) {
+		gi, ok := p.topicG[topic]
+		if !ok {
+			continue
+		}
+		g := p.groups[gi]
+		for q, e := range m[topic] {
+			if q < 0 || q >= g.parts {
+				continue
+			}
+			t := g.firstTask + int(q)
+			if v, ok := byTask[t]; !ok || e > v {
+				byTask[t] = e
+			}
+		}
+	}
+	out := make([]taskGen, 0, len(byTask))
+	for t, e := range byTask {
+		out = append(out, taskGen{t, e})
+	}
+	slices.SortFunc(out, func(a, b taskGen) int { return a.t - b.t })
+	return out
+}
+
 // bound returns the highest generation a member may legitimately claim: the
 // larger of Cluster.Generation and the highest generation reported by at
 // least two members (every member of the last generation reports it, so a
@@ -421,47 +474,53 @@ func (p *planner) claim() {
 			p.untrust = append(p.untrust, mem.ID)
 		}
 	}
-	p.older = make([][]int, len(p.taskG))
+	// Every claim on a task: a previous active (the member's generation),
+	// or an earlier one (Member.Earlier: the generation it last held it,
+	// at most the member's own).
+	p.claims = make([][]claimRec, len(p.taskG))
 	for m := range p.members {
 		mem := p.members[m]
-		for _, t := range p.tasksOf(mem.PrevActives) {
-			if !p.eligible(m, t) {
-				continue
+		prev := p.tasksOf(mem.PrevActives)
+		for _, t := range prev {
+			if p.eligible(m, t) {
+				p.claims[t] = append(p.claims[t], claimRec{m: m, gen: p.gen[m], since: p.claimSince(m, t)})
 			}
-			o := p.prevOwn[t]
-			if o < 0 || p.gen[m] > p.gen[o] {
-				if o >= 0 {
-					p.holders[t] = append(p.holders[t], o)
-					p.older[t] = append(p.older[t], o)
+		}
+		for _, te := range p.earlierOf(mem.Earlier) {
+			if t := te.t; p.eligible(m, t) && !slices.Contains(prev, t) {
+				g := min(te.gen, p.gen[m])
+				if p.gen[m] < 0 || g < 0 {
+					g = -1
 				}
-				p.prevOwn[t] = m
-			} else {
-				p.holders[t] = append(p.holders[t], m)
-				p.older[t] = append(p.older[t], m)
+				p.claims[t] = append(p.claims[t], claimRec{m: m, gen: g, since: g, earlier: true})
 			}
 		}
 		for _, t := range p.tasksOf(mem.PrevStandbys) {
-			if p.eligible(m, t) && p.prevOwn[t] != m {
+			if p.eligible(m, t) {
 				p.holders[t] = append(p.holders[t], m)
 			}
 		}
 	}
+	// The most recent claim wins (the same generation: the lower ID, as
+	// members are indexed in ID order); the others are p.older, most recent
+	// first, and state holders.
+	p.older = make([][]int, len(p.taskG))
 	p.since = make([]int32, len(p.taskG))
-	for t, o := range p.prevOwn {
-		if o >= 0 {
-			p.since[t] = p.claimSince(o, t)
+	for t, cs := range p.claims {
+		if len(cs) == 0 {
+			continue
 		}
-	}
-	for t, ms := range p.older {
-		// Most recent claim first; the same generation by ID (members are
-		// indexed in ID order).
-		slices.SortFunc(ms, func(a, b int) int {
-			if p.gen[a] != p.gen[b] {
-				return int(p.gen[b]) - int(p.gen[a])
+		slices.SortFunc(cs, func(a, b claimRec) int {
+			if a.gen != b.gen {
+				return int(b.gen) - int(a.gen)
 			}
-			return a - b
+			return a.m - b.m
 		})
-		p.older[t] = ms
+		p.prevOwn[t], p.since[t] = cs[0].m, cs[0].since
+		for _, c := range cs[1:] {
+			p.older[t] = append(p.older[t], c.m)
+			p.holders[t] = append(p.holders[t], c.m)
+		}
 	}
 	for t := range p.holders {
 		h := p.holders[t]
@@ -472,10 +531,11 @@ func (p *planner) claim() {
 		}
 		p.holders[t] = h
 	}
-	// Lag is measured once: caught up = running the active, or lag within the
-	// acceptable recovery lag (KIP-441). Unknown highwater means lag 0.
+	// Lag is measured once: caught up = running the active (a previous
+	// active, not an earlier claim), or lag within the acceptable recovery
+	// lag (KIP-441). Unknown highwater means lag 0.
 	p.caughtUp = func(m, t int) bool {
-		if p.prevOwn[t] == m {
+		if p.prevOwn[t] == m && !p.claims[t][0].earlier {
 			return true
 		}
 		return p.lag(m, t) <= p.c.AcceptableRecoveryLag
@@ -502,11 +562,10 @@ func (p *planner) claimSince(m, t int) int32 {
 // previous owner, its claim's for an earlier owner that got it back
 // (p.older), and MaxInt32 (now) for a task it receives in this plan.
 func (p *planner) heldSince(m, t int) int32 {
-	switch {
-	case p.prevOwn[t] == m:
-		return p.since[t]
-	case slices.Contains(p.older[t], m):
-		return p.claimSince(m, t)
+	for _, c := range p.claims[t] {
+		if c.m == m {
+			return c.since
+		}
 	}
 	return math.MaxInt32
 }
@@ -755,8 +814,8 @@ func (p *planner) home(t int) int {
 	if o < 0 || len(p.older[t]) == 0 {
 		return o
 	}
-	if r := p.older[t][0]; p.gen[r] >= 0 && p.gen[r] < p.since[t] {
-		return r
+	if r := p.claims[t][1]; r.gen >= 0 && r.gen < p.since[t] {
+		return r.m
 	}
 	return o
 }
@@ -784,8 +843,11 @@ func (p *planner) home(t int) int {
 // ceiling share is one move beyond the minimum (a member back from an
 // absence gets its earlier share, not the smallest fair one: the planner
 // cannot tell it from the last batch of a restart); a move to the previous
-// owner undoes a move. A home member that lags on a stateful task (lag
-// known) is skipped: KIP-441 would keep the task away from it anyway.
+// owner undoes a move. With the lag known, a home member that is not caught
+// up on a stateful task is its target all the same: lagAware keeps the task
+// on a caught-up member and warms the home member up, and a follow-up
+// rebalance moves it once it is caught up (KIP-441; the earlier claim that
+// makes it the home lasts for the follow-ups, Member.Earlier).
 //
 // First all homes at once: when that keeps both spreads (the whole group is
 // back and every task's earlier owner is known: the assignment before the
@@ -811,7 +873,7 @@ func (p *planner) returnHome() {
 		if p.stateful(t) {
 			st[m]++
 		}
-		if h := p.home(t); h >= 0 && h != m && p.lagging(h, t) == 0 {
+		if h := p.home(t); h >= 0 && h != m {
 			home[t] = h
 			pending = true
 		}
