@@ -3,6 +3,7 @@ package assignor
 import (
 	"io"
 	"log/slog"
+	"maps"
 	"reflect"
 	"sync"
 	"testing"
@@ -126,4 +127,62 @@ func TestSinceTracksTenure(t *testing.T) {
 	if got := s.Current().Since; !reflect.DeepEqual(got, want) {
 		t.Fatalf("since after losing and regaining partition 1: %v, want %v", got, want)
 	}
+}
+
+// After a restart a member claims back, as Assignment.Earlier and in its
+// subscription (v4), the restored actives (pending included) it does not
+// hold, at the generation it held them, until it holds them again or
+// EarlierClaimGenerations have passed; a restart in between keeps them.
+func TestEarlierClaimsAfterRestore(t *testing.T) {
+	newStrategy := func() *Strategy {
+		return NewStrategy(Config{Changelogs: map[string]int32{"cl": 8}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	}
+	s := newStrategy()
+	s.Restore(Assignment{Generation: 9, Actives: map[string][]int32{"src": {1, 2, 3}, "cl": {1, 2, 3}},
+		Pending: map[string][]int32{"src": {4}, "cl": {4}}})
+	assign := func(s *Strategy, gen int32, ps ...int32) {
+		s.OnAssignment(&sarama.ConsumerGroupMemberAssignment{UserData: encodeAssignment(assignmentData{
+			Generation: gen, MemberID: "m", Actives: map[string][]int32{"src": ps, "cl": ps}})}, gen)
+	}
+	claims := func(g int32, ps ...int32) map[string]map[int32]int32 {
+		if len(ps) == 0 {
+			return nil
+		}
+		m := map[int32]int32{}
+		for _, p := range ps {
+			m[p] = g
+		}
+		return map[string]map[int32]int32{"src": m, "cl": maps.Clone(m)}
+	}
+	check := func(s *Strategy, step string, want map[string]map[int32]int32) {
+		t.Helper()
+		if got := s.Current().Earlier; !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: Earlier %v, want %v", step, got, want)
+		}
+		ud, err := s.SubscriptionUserData([]string{"src"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sub, err := decodeSubscription(ud); err != nil || !reflect.DeepEqual(sub.Earlier, want) {
+			t.Fatalf("%s: subscription Earlier %v (%v), want %v", step, sub.Earlier, err, want)
+		}
+	}
+	assign(s, 12, 1)
+	check(s, "first assignment", claims(9, 2, 3, 4))
+	assign(s, 13, 1, 2)
+	check(s, "2 given back", claims(9, 3, 4))
+	assign(s, 14, 2)
+	check(s, "1 taken away again", claims(9, 1, 3, 4))
+	// Restarted again: the persisted Earlier ones stay claimed at 9, the
+	// persisted actives are claimed at 14.
+	s2 := newStrategy()
+	s2.Restore(s.Current())
+	assign(s2, 16, 3)
+	want := claims(9, 1, 4)
+	want["src"][2], want["cl"][2] = 14, 14
+	check(s2, "after a second restart", want)
+	assign(s2, 9+EarlierClaimGenerations+1, 3)
+	check(s2, "claims of generation 9 expired", claims(14, 2))
+	assign(s2, 14+EarlierClaimGenerations+1, 3)
+	check(s2, "all expired", nil)
 }
