@@ -119,9 +119,9 @@ type Assignment struct {
 	// from a DescribeGroups response with URLsFromGroup.
 	URLsOmitted bool
 	// Since maps topic -> partition -> the generation since which this
-	// member has held that active without a break (kept by the Strategy
-	// across OnAssignment calls and restarts, Restore; reported to the
-	// leader as Member.Since).
+	// member has held that active (or pending active) without a break
+	// (kept by the Strategy across OnAssignment calls and restarts,
+	// Restore; reported to the leader as Member.Since).
 	Since map[string]map[int32]int32
 	// Earlier maps topic -> partition -> generation: the actives of the
 	// assignment this member persisted before a restart (Restore) that it
@@ -433,7 +433,7 @@ func (s *Strategy) OnAssignment(assignment *sarama.ConsumerGroupMemberAssignment
 	if prev.Generation == -1 && s.restored != nil {
 		prev = *s.restored
 	}
-	a.Since = heldSince(prev, a.Actives, generationID)
+	a.Since = heldSince(prev, a, generationID)
 	a.Earlier = s.earlierClaims(a, generationID)
 	s.cur = a
 	s.groupGen = max(s.groupGen, generationID)
@@ -450,25 +450,31 @@ func (s *Strategy) OnAssignment(assignment *sarama.ConsumerGroupMemberAssignment
 	}
 }
 
-// heldSince returns Assignment.Since for actives received in generation
-// gen by a member whose previous assignment was prev: an active it already
-// held keeps its generation (prev.Since, else prev.Generation), a new one
-// gets gen.
-func heldSince(prev Assignment, actives map[string][]int32, gen int32) map[string]map[int32]int32 {
-	out := make(map[string]map[int32]int32, len(actives))
-	for t, ps := range actives {
-		m := make(map[int32]int32, len(ps))
-		for _, p := range ps {
-			g := gen
-			if slices.Contains(prev.Actives[t], p) && prev.Generation >= 0 {
-				g = prev.Generation
-				if v, ok := prev.Since[t][p]; ok && v < g {
-					g = v
-				}
+// heldSince returns Assignment.Since for a, received in generation gen by a
+// member whose previous assignment was prev: an active or pending active
+// it already held (prev's actives or pending ones) keeps its generation
+// (prev.Since, else prev.Generation), a new one gets gen. Pending actives
+// count as held from the plan that gave them (cooperative: the member
+// reports them as actives), so that a partition given back to a restarted
+// member as pending keeps its tenure from before the restart.
+func heldSince(prev, a Assignment, gen int32) map[string]map[int32]int32 {
+	out := make(map[string]map[int32]int32, len(a.Actives))
+	for _, tps := range []map[string][]int32{a.Actives, a.Pending} {
+		for t, ps := range tps {
+			if out[t] == nil {
+				out[t] = make(map[int32]int32, len(ps))
 			}
-			m[p] = g
+			for _, p := range ps {
+				g := gen
+				if (slices.Contains(prev.Actives[t], p) || slices.Contains(prev.Pending[t], p)) && prev.Generation >= 0 {
+					g = prev.Generation
+					if v, ok := prev.Since[t][p]; ok && v < g {
+						g = v
+					}
+				}
+				out[t][p] = g
+			}
 		}
-		out[t] = m
 	}
 	return out
 }

@@ -186,3 +186,24 @@ func TestEarlierClaimsAfterRestore(t *testing.T) {
 	assign(s2, 14+EarlierClaimGenerations+1, 3)
 	check(s2, "all expired", nil)
 }
+
+// A pending active (cooperative) counts as held from the plan that gave it:
+// a restored member that gets its old active back as pending first keeps
+// its tenure from before the restart, and a new one dates from the plan
+// that made it pending, not from the follow-up that assigns it.
+func TestSinceCoversPending(t *testing.T) {
+	s := NewStrategy(Config{Changelogs: map[string]int32{"cl": 4}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s.Restore(Assignment{Generation: 9, Actives: map[string][]int32{"src": {1}, "cl": {1}},
+		Since: map[string]map[int32]int32{"src": {1: 4}, "cl": {1: 4}}})
+	s.OnAssignment(&sarama.ConsumerGroupMemberAssignment{UserData: encodeAssignment(assignmentData{
+		Generation: 12, MemberID: "m", Pending: map[string][]int32{"src": {1, 2}, "cl": {1, 2}}})}, 12)
+	want := map[string]map[int32]int32{"src": {1: 4, 2: 12}, "cl": {1: 4, 2: 12}}
+	if got := s.Current().Since; !reflect.DeepEqual(got, want) {
+		t.Fatalf("since with both pending: %v, want %v", got, want)
+	}
+	s.OnAssignment(&sarama.ConsumerGroupMemberAssignment{UserData: encodeAssignment(assignmentData{
+		Generation: 13, MemberID: "m", Actives: map[string][]int32{"src": {1, 2}, "cl": {1, 2}}})}, 13)
+	if got := s.Current().Since; !reflect.DeepEqual(got, want) {
+		t.Fatalf("since once assigned: %v, want %v", got, want)
+	}
+}
