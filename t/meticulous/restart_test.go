@@ -13,26 +13,36 @@ import (
 	"pgregory.net/rapid"
 )
 
+// restartOpts are the member and protocol features a simulated restart
+// runs with.
+type restartOpts struct {
+	// earlier: the members report the persisted actives they do not hold
+	// (Member.Earlier, as assignor.Strategy does since subscription v4);
+	// without, they report what members of the previous release do.
+	earlier bool
+	// cooperative: KIP-429 plans (a moving partition is withheld until its
+	// owner revoked it; the follow-up plan assigns it).
+	cooperative bool
+}
+
 // restartGroup simulates a restart of the whole group: every member of w
 // stops and comes back with a new member ID (the coordinator's: member i
 // of w gets restarted-ids[i], an order unrelated to the old IDs and to the
 // join order) and the assignment it persisted (its previous actives and
 // standbys at the last generation). The members join in the order join (a
 // permutation of w.members' indexes), cut into batches at cuts, one
-// rebalance per batch: the members already back report the assignment of
-// the last plan, the batch its persisted one. With earlier the members
-// also report the persisted actives they do not hold (Member.Earlier, as
-// assignor.Strategy does since subscription v4); without, they report what
-// members of the previous release do. It returns the final plan and the old
-// ID of each new one.
+// rebalance per batch (cooperative: and its follow-ups): the members
+// already back report the assignment of the last plan, the batch its
+// persisted one. It returns the final plan and the old ID of each new one.
 func restartGroup(t interface {
 	Fatalf(string, ...any)
-}, w *world, ids, join []int, cuts []int, earlierClaims bool) (assignor.Plan, map[string]string) {
+}, w *world, ids, join []int, cuts []int, o restartOpts) (assignor.Plan, map[string]string) {
 	restarted := make([]assignor.Member, len(w.members))
 	oldID := map[string]string{}
 	for k, i := range join {
 		m := w.members[i]
 		m.ID = fmt.Sprintf("restarted-%03d", ids[i])
+		m.Owned = map[string][]int32{} // a restarted member runs nothing
 		oldID[m.ID] = w.members[i].ID
 		restarted[k] = m
 	}
@@ -43,14 +53,9 @@ func restartGroup(t interface {
 	}
 	var joined []assignor.Member
 	var p assignor.Plan
-	from := 0
-	for _, to := range append(slices.Clone(cuts), len(restarted)) {
-		if to <= from {
-			continue
-		}
-		joined = append(joined, restarted[from:to]...)
-		from = to
-		c := assignor.Cluster{Members: slices.Clone(joined), Topics: w.topics, Changelogs: w.changelogs, Replicas: w.replicas, Generation: w.gen}
+	rebalance := func() {
+		c := assignor.Cluster{Members: slices.Clone(joined), Topics: w.topics, Changelogs: w.changelogs, Replicas: w.replicas,
+			Generation: w.gen, Cooperative: o.cooperative}
 		var err error
 		if p, err = assignor.PlanAssignment(c); err != nil {
 			t.Fatalf("plan: %v", err)
@@ -58,13 +63,34 @@ func restartGroup(t interface {
 		w.gen++
 		for i := range joined {
 			mp := p.Members[joined[i].ID]
-			if earlierClaims {
-				joined[i].Earlier = earlier(home[joined[i].ID], homeGen, mp.Actives)
+			// Pending actives are reported as actives (they were planned
+			// here), as assignor.Strategy does.
+			planned := union(mp.Actives, mp.Pending)
+			if o.earlier {
+				joined[i].Earlier = earlier(home[joined[i].ID], homeGen, planned)
 			}
-			joined[i].Since = since(joined[i], mp.Actives, w.gen)
-			joined[i].PrevActives = mp.Actives
+			joined[i].Since = since(joined[i], planned, w.gen)
+			joined[i].PrevActives = planned
 			joined[i].PrevStandbys = union(mp.Standbys, mp.Warmups)
 			joined[i].Generation = w.gen
+			joined[i].Owned = mp.Actives
+		}
+	}
+	from := 0
+	for _, to := range append(slices.Clone(cuts), len(restarted)) {
+		if to <= from {
+			continue
+		}
+		joined = append(joined, restarted[from:to]...)
+		from = to
+		rebalance()
+		// Cooperative: the members that revoked a withheld partition
+		// rejoin at once; the follow-up assigns it.
+		for round := 0; p.Withheld > 0; round++ {
+			if round == 3 {
+				t.Fatalf("cooperative: %d partitions still withheld after %d follow-ups", p.Withheld, round)
+			}
+			rebalance()
 		}
 	}
 	return p, oldID
@@ -124,7 +150,7 @@ func since(m assignor.Member, actives map[string][]int32, gen int32) map[string]
 //
 // With the members reporting their earlier actives (Member.Earlier,
 // subscription v4) this holds for stateful and stateless groups in any
-// number of batches (up to four here). Without (members of the previous
+// number of batches (up to four here), eager or cooperative. Without (members of the previous
 // release) it holds for stateful groups rejoining in two batches, or in
 // any batches of up to three members; otherwise a partition that an
 // intermediate plan gives away is recorded nowhere, and some restarts end
@@ -154,7 +180,8 @@ func TestWholeGroupRestart(t *testing.T) {
 		}
 		cuts := rapid.SliceOfN(rapid.IntRange(0, n), 0, maxCuts).Draw(t, "cuts")
 		slices.Sort(cuts)
-		got, oldID := restartGroup(t, w, ids, join, cuts, earlierClaims)
+		o := restartOpts{earlier: earlierClaims, cooperative: rapid.Bool().Draw(t, "cooperative")}
+		got, oldID := restartGroup(t, w, ids, join, cuts, o)
 		checkBack(t, w, before, got, oldID)
 	})
 }
@@ -221,37 +248,38 @@ func checkBack(t interface{ Fatalf(string, ...any) }, w *world, before []map[int
 }
 
 // TestRestartStats logs how often a whole-group restart does not give
-// every partition back, over RUNNEL_RESTART_CASES (default 250) seeded
+// every partition back, over RUNNEL_RESTART_CASES (default 150) seeded
 // cases per setting: the members reporting their earlier actives
-// (subscription v4) or not (the previous release), groups of up to 3 or up
-// to 21 members, stateful only or mixed with stateless groups, rejoining in
-// exactly 2, 3 or 4 non-empty batches; the join order, the batch sizes and
-// the new member IDs drawn at random, after up to two membership changes.
-// It asserts what TestWholeGroupRestart asserts.
+// (subscription v4) or not (the previous release), eager or cooperative,
+// groups of up to 3 or up to 21 members, stateful only or mixed with
+// stateless groups, rejoining in exactly 2, 3 or 4 non-empty batches; the
+// join order, the batch sizes and the new member IDs drawn at random, after
+// up to two membership changes. It asserts what TestWholeGroupRestart
+// asserts.
 func TestRestartStats(t *testing.T) {
 	if testing.Short() {
 		t.Skip("statistics only; TestWholeGroupRestart asserts the laws")
 	}
-	cases := 250
+	cases := 150
 	if v, err := strconv.Atoi(os.Getenv("RUNNEL_RESTART_CASES")); err == nil && v > 0 {
 		cases = v
 	}
-	for _, earlierClaims := range []bool{true, false} {
+	for _, o := range []restartOpts{{earlier: true}, {earlier: true, cooperative: true}, {}, {cooperative: true}} {
 		for _, nMax := range []int{3, 21} {
 			for batches := 2; batches <= min(4, nMax); batches++ {
 				for _, mixed := range []bool{false, true} {
 					fails := 0
 					for seed := range cases {
-						moved, n := restartCase(t, uint64(seed), nMax, batches, mixed, earlierClaims)
+						moved, n := restartCase(t, uint64(seed), nMax, batches, mixed, o)
 						if !moved {
 							continue
 						}
 						fails++
-						if earlierClaims || (!mixed && (batches == 2 || nMax <= 3)) {
-							t.Errorf("seed %d: %d members, %d batches, mixed %v, earlier claims %v: a partition moved", seed, n, batches, mixed, earlierClaims)
+						if o.earlier || (!mixed && (batches == 2 || nMax <= 3)) {
+							t.Errorf("seed %d: %d members, %d batches, mixed %v, %+v: a partition moved", seed, n, batches, mixed, o)
 						}
 					}
-					t.Logf("earlier claims %v, 2..%d members (then churn), %d batches, mixed %v: %d of %d restarts left a partition elsewhere", earlierClaims, nMax, batches, mixed, fails, cases)
+					t.Logf("%+v, 2..%d members (then churn), %d batches, mixed %v: %d of %d restarts left a partition elsewhere", o, nMax, batches, mixed, fails, cases)
 				}
 			}
 		}
@@ -261,9 +289,9 @@ func TestRestartStats(t *testing.T) {
 // restartCase runs TestRestartStats' case seed: 1 to 3 co-partitioned
 // groups of 1 to 100 partitions (with mixed, each stateful or not), 0 to 2
 // replicas, batches to nMax members, up to two membership changes, then a
-// restart in batches batches. It reports whether a partition ended
+// restart in batches batches with o. It reports whether a partition ended
 // elsewhere, and the group size.
-func restartCase(t *testing.T, seed uint64, nMax, batches int, mixed, earlierClaims bool) (bool, int) {
+func restartCase(t *testing.T, seed uint64, nMax, batches int, mixed bool, o restartOpts) (bool, int) {
 	r := rand.New(rand.NewPCG(seed, uint64(7+batches)))
 	w := &world{topics: map[string]int32{}, changelogs: map[string]int32{}, replicas: r.IntN(3)}
 	for g := range 1 + r.IntN(3) {
@@ -292,7 +320,7 @@ func restartCase(t *testing.T, seed uint64, nMax, batches int, mixed, earlierCla
 		cuts[i]++
 	}
 	slices.Sort(cuts)
-	got, oldID := restartGroup(t, w, r.Perm(n), r.Perm(n), cuts, earlierClaims)
+	got, oldID := restartGroup(t, w, r.Perm(n), r.Perm(n), cuts, o)
 	var f failed
 	checkBack(&f, w, before, got, oldID)
 	return bool(f), n
@@ -326,7 +354,7 @@ func TestRestartCeilShareRejoinsLast(t *testing.T) {
 	w.apply(p)
 	before := w.owners(p)
 	// New IDs in the old order; member-001 and member-002 join first.
-	got, oldID := restartGroup(t, w, []int{0, 1, 2}, []int{1, 2, 0}, []int{2}, false)
+	got, oldID := restartGroup(t, w, []int{0, 1, 2}, []int{1, 2, 0}, []int{2}, restartOpts{})
 	checkBack(t, w, before, got, oldID)
 }
 
@@ -380,7 +408,7 @@ func TestRestartNeedsEarlierClaims(t *testing.T) {
 				if !reflect.DeepEqual(before, tc.owners) {
 					t.Fatalf("before the restart: %v, want %v", before, tc.owners)
 				}
-				got, oldID := restartGroup(t, w, identity(4), []int{3, 2, 1, 0}, tc.cuts, earlierClaims)
+				got, oldID := restartGroup(t, w, identity(4), []int{3, 2, 1, 0}, tc.cuts, restartOpts{earlier: earlierClaims})
 				if earlierClaims {
 					checkBack(t, w, before, got, oldID)
 					return
