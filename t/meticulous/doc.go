@@ -20,8 +20,9 @@
 //     user data) never win; a stale claim (an older generation) loses to
 //     the most recent owner, except that a rejoiner gets its earlier tasks
 //     back where the balance allows: a rejoin moves only what goes to the
-//     rejoiner, and a whole-group restart in two batches, in any join
-//     order, ends where it began (TestWholeGroupRestart);
+//     rejoiner, and a whole-group restart, in any join order and batches,
+//     ends where it began (TestWholeGroupRestart; in two batches even
+//     without the members' earlier claims);
 //   - a cooperative plan never gives a member a partition another member
 //     still owns, and its follow-up assigns exactly the eager target (KIP-429,
 //     TestCooperativeTwoPhase).
