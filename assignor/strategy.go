@@ -125,9 +125,9 @@ type Assignment struct {
 	Since map[string]map[int32]int32
 	// Earlier maps topic -> partition -> generation: the actives of the
 	// assignment this member persisted before a restart (Restore) that it
-	// does not hold now, and the generation it held them at. It reports
-	// them to the leader (subscription v4, Member.Earlier) until it holds
-	// them again or EarlierClaimGenerations have passed: a partition the
+	// does not hold now, and the generation it held them at, for
+	// EarlierClaimGenerations generations after that one. It reports them
+	// to the leader (subscription v4, Member.Earlier): a partition the
 	// first plans after the restart gave to another member is then still
 	// known to be this member's when the whole group is back.
 	Earlier map[string]map[int32]int32
@@ -548,9 +548,9 @@ func cloneGens(m map[string]map[int32]int32) map[string]map[int32]int32 {
 // actives, standbys and warm-ups with their generation, so that after a
 // restart the member gets its partitions back instead of joining as a
 // newcomer; from its first assignment on it reports the restored actives it
-// has not been given back (Assignment.Earlier) until it holds them again or
-// EarlierClaimGenerations have passed, so that the leader still knows them
-// once the whole group is back. Current is not affected (the member holds
+// does not hold (Assignment.Earlier), for EarlierClaimGenerations
+// generations, so that the leader still knows them once the whole group is
+// back. Current is not affected (the member holds
 // nothing until the group assigns it). Only the first call before any
 // OnAssignment has an effect; it
 // reports whether the state was taken. The leader ranks the claims like any
