@@ -47,10 +47,10 @@ type Member struct {
 	// held while the others were away.
 	Since map[string]map[int32]int32
 	// Earlier maps topic -> partition -> generation: actives the member
-	// held at that generation, below Generation, and not since (after a
-	// restart: those of its persisted assignment it has not been given
-	// back, Assignment.Earlier). They are claims of that generation: they
-	// lose to every later one, and decide where a task goes back to.
+	// held at that generation, below Generation, and does not hold now
+	// (after a restart: those of its persisted assignment,
+	// Assignment.Earlier). They are claims of that generation: they lose
+	// to every later one, and decide where a task goes back to (its home).
 	Earlier map[string]map[int32]int32
 	// Owned maps topic -> partitions the member consumes right now (the
 	// OwnedPartitions of its JoinGroup subscription, KIP-429). Only read when
