@@ -46,6 +46,12 @@ type Member struct {
 	// rejoined first keep their own partitions and hand back those they only
 	// held while the others were away.
 	Since map[string]map[int32]int32
+	// Earlier maps topic -> partition -> generation: actives the member
+	// held at that generation, below Generation, and does not hold now
+	// (after a restart: those of its persisted assignment,
+	// Assignment.Earlier). They are claims of that generation: they lose
+	// to every later one, and decide where a task goes back to (its home).
+	Earlier map[string]map[int32]int32
 	// Owned maps topic -> partitions the member consumes right now (the
 	// OwnedPartitions of its JoinGroup subscription, KIP-429). Only read when
 	// Cluster.Cooperative is set; nil means PrevActives.
@@ -146,6 +152,16 @@ type group struct {
 	replicas   int // standbys per task, clamped
 }
 
+// claimRec is one member's claim on a task as its earlier active: the
+// generation it held the task at (-1 untrusted), since when without a
+// break, and whether it is an earlier claim (Member.Earlier: the member
+// does not run the task now, so its state is not known to be current).
+type claimRec struct {
+	m          int
+	gen, since int32
+	earlier    bool
+}
+
 // planner holds the working state of one PlanAssignment call. Members are
 // indexed by their position in ID order; tasks by (group, partition) in group
 // order. Invariants kept by every phase: active[t] is -1 or a member eligible
@@ -170,7 +186,10 @@ type planner struct {
 	older [][]int
 	// since: task -> the generation since which prevOwn has held it
 	// (Member.Since, bounded by its claimed generation); 0 without prevOwn.
-	since    []int32
+	since []int32
+	// claims: task -> every claim on it, the winner (prevOwn) first, then
+	// p.older's order.
+	claims   [][]claimRec
 	standby  [][]int
 	sload    []int
 	warm     [][]int
@@ -199,8 +218,13 @@ type planner struct {
 //  4. While max-min load > 1, one task moves from a most-loaded to a
 //     least-loaded member, preferring one the receiver holds state for.
 //     Nothing else moves: total moves are the minimum (bench
-//     TestAssignorMoves), and with lag known step 7 keeps an orphan on a
-//     caught-up standby holder instead of restoring it.
+//     TestAssignorMoves; step 5 adds moves only towards members that
+//     rejoin with older claims), and with lag known step 7 keeps an orphan
+//     on a caught-up standby holder instead of restoring it.
+//  5. Tasks go back to their earlier owners (a member that rejoined with an
+//     older claim, else the previous owner) wherever that keeps both
+//     balances (returnHome): after a whole-group restart the last plan
+//     restores the assignment from before it (issue #26).
 //  6. Standbys per stateful task: keep previous holders (the displaced active
 //     first), fill from the members with fewest standbys, then balance to
 //     the narrowest spread the actives allow (again after step 7).
@@ -385,6 +409,40 @@ func (p *planner) tasksOf(tp map[string][]int32) []int {
 	return slices.Compact(ts)
 }
 
+// taskGen is a task and a generation.
+type taskGen struct {
+	t   int
+	gen int32
+}
+
+// earlierOf returns the tasks a Member.Earlier map names with their
+// generation (the highest over the task's topics), sorted by task.
+func (p *planner) earlierOf(m map[string]map[int32]int32) []taskGen {
+	byTask := map[int]int32{}
+	for _, topic := range sortedKeys(m) {
+		gi, ok := p.topicG[topic]
+		if !ok {
+			continue
+		}
+		g := p.groups[gi]
+		for q, e := range m[topic] {
+			if q < 0 || q >= g.parts {
+				continue
+			}
+			t := g.firstTask + int(q)
+			if v, ok := byTask[t]; !ok || e > v {
+				byTask[t] = e
+			}
+		}
+	}
+	out := make([]taskGen, 0, len(byTask))
+	for t, e := range byTask {
+		out = append(out, taskGen{t, e})
+	}
+	slices.SortFunc(out, func(a, b taskGen) int { return a.t - b.t })
+	return out
+}
+
 // bound returns the highest generation a member may legitimately claim: the
 // larger of Cluster.Generation and the highest generation reported by at
 // least two members (every member of the last generation reports it, so a
@@ -416,54 +474,53 @@ func (p *planner) claim() {
 			p.untrust = append(p.untrust, mem.ID)
 		}
 	}
-	p.older = make([][]int, len(p.taskG))
+	// Every claim on a task: a previous active (the member's generation),
+	// or an earlier one (Member.Earlier: the generation it last held it,
+	// at most the member's own).
+	p.claims = make([][]claimRec, len(p.taskG))
 	for m := range p.members {
 		mem := p.members[m]
-		for _, t := range p.tasksOf(mem.PrevActives) {
-			if !p.eligible(m, t) {
-				continue
+		prev := p.tasksOf(mem.PrevActives)
+		for _, t := range prev {
+			if p.eligible(m, t) {
+				p.claims[t] = append(p.claims[t], claimRec{m: m, gen: p.gen[m], since: p.claimSince(m, t)})
 			}
-			o := p.prevOwn[t]
-			if o < 0 || p.gen[m] > p.gen[o] {
-				if o >= 0 {
-					p.holders[t] = append(p.holders[t], o)
-					p.older[t] = append(p.older[t], o)
+		}
+		for _, te := range p.earlierOf(mem.Earlier) {
+			if t := te.t; p.eligible(m, t) && !slices.Contains(prev, t) {
+				g := min(te.gen, p.gen[m])
+				if p.gen[m] < 0 || g < 0 {
+					g = -1
 				}
-				p.prevOwn[t] = m
-			} else {
-				p.holders[t] = append(p.holders[t], m)
-				p.older[t] = append(p.older[t], m)
+				p.claims[t] = append(p.claims[t], claimRec{m: m, gen: g, since: g, earlier: true})
 			}
 		}
 		for _, t := range p.tasksOf(mem.PrevStandbys) {
-			if p.eligible(m, t) && p.prevOwn[t] != m {
+			if p.eligible(m, t) {
 				p.holders[t] = append(p.holders[t], m)
 			}
 		}
 	}
+	// The most recent claim wins (the same generation: the lower ID, as
+	// members are indexed in ID order); the others are p.older, most recent
+	// first, and state holders.
+	p.older = make([][]int, len(p.taskG))
 	p.since = make([]int32, len(p.taskG))
-	for t, o := range p.prevOwn {
-		if o < 0 {
+	for t, cs := range p.claims {
+		if len(cs) == 0 {
 			continue
 		}
-		p.since[t] = p.gen[o]
-		g := p.groups[p.taskG[t]]
-		for _, topic := range append(slices.Clone(g.sources), g.changelogs...) {
-			if v, ok := p.members[o].Since[topic][p.taskP[t]]; ok && v < p.since[t] {
-				p.since[t] = v
+		slices.SortFunc(cs, func(a, b claimRec) int {
+			if a.gen != b.gen {
+				return int(b.gen) - int(a.gen)
 			}
-		}
-	}
-	for t, ms := range p.older {
-		// Most recent claim first; the same generation by ID (members are
-		// indexed in ID order).
-		slices.SortFunc(ms, func(a, b int) int {
-			if p.gen[a] != p.gen[b] {
-				return int(p.gen[b]) - int(p.gen[a])
-			}
-			return a - b
+			return a.m - b.m
 		})
-		p.older[t] = ms
+		p.prevOwn[t], p.since[t] = cs[0].m, cs[0].since
+		for _, c := range cs[1:] {
+			p.older[t] = append(p.older[t], c.m)
+			p.holders[t] = append(p.holders[t], c.m)
+		}
 	}
 	for t := range p.holders {
 		h := p.holders[t]
@@ -474,14 +531,43 @@ func (p *planner) claim() {
 		}
 		p.holders[t] = h
 	}
-	// Lag is measured once: caught up = running the active, or lag within the
-	// acceptable recovery lag (KIP-441). Unknown highwater means lag 0.
+	// Lag is measured once: caught up = running the active (a previous
+	// active, not an earlier claim), or lag within the acceptable recovery
+	// lag (KIP-441). Unknown highwater means lag 0.
 	p.caughtUp = func(m, t int) bool {
-		if p.prevOwn[t] == m {
+		if p.prevOwn[t] == m && !p.claims[t][0].earlier {
 			return true
 		}
 		return p.lag(m, t) <= p.c.AcceptableRecoveryLag
 	}
+}
+
+// claimSince returns the generation since which member m, which claims
+// task t as a previous active, has held it without a break: its
+// Member.Since for any of the task's topics, bounded by its claimed
+// generation (-1 when untrusted).
+func (p *planner) claimSince(m, t int) int32 {
+	s := p.gen[m]
+	g := p.groups[p.taskG[t]]
+	for _, topic := range append(slices.Clone(g.sources), g.changelogs...) {
+		if v, ok := p.members[m].Since[topic][p.taskP[t]]; ok && v < s {
+			s = v
+		}
+	}
+	return s
+}
+
+// heldSince returns the generation since which member m has held task t,
+// for a member that holds it in the plan being built: p.since for the
+// previous owner, its claim's for an earlier owner that got it back
+// (p.older), and MaxInt32 (now) for a task it receives in this plan.
+func (p *planner) heldSince(m, t int) int32 {
+	for _, c := range p.claims[t] {
+		if c.m == m {
+			return c.since
+		}
+	}
+	return math.MaxInt32
 }
 
 // lagging is 1 when the changelog lag is known and member m is not caught up
@@ -531,10 +617,12 @@ func (p *planner) stateful(t int) bool { return len(p.groups[p.taskG[t]].changel
 // alone (so every member holds floor or ceil of Ts/N of them, which is what
 // makes a within-one standby spread possible, docs/assignment.md), then the
 // stateless tasks on top of them so that the total per member is within
-// floor/ceil of T/N too. Phase 2 never moves a stateful task.
+// floor/ceil of T/N too. Phase 2 never moves a stateful task. Then tasks go
+// back to their earlier owners where the balance allows it (returnHome).
 func (p *planner) assignActives() {
 	p.assignPhase(true)
 	p.assignPhase(false)
+	p.returnHome()
 }
 
 // assignPhase places the tasks whose stateful() equals stateful. p.load holds
@@ -652,7 +740,11 @@ func (p *planner) assignPhase(stateful bool) {
 				if p.freeSlot(h, room, visited, placedHere) {
 					p.active[t] = h
 					p.load[h]++
-					placedHere[t] = true
+					// A task back with its earlier owner stays there,
+					// as a kept one does: moved on to another holder,
+					// the earlier owner's claim would be lost with the
+					// next plan (the new holder reports it then).
+					placedHere[t] = !pass.older
 					break
 				}
 			}
@@ -707,6 +799,256 @@ func (p *planner) assignPhase(stateful bool) {
 	}
 	// 5. Balance: move from most- to least-loaded while the gap exceeds one.
 	p.balanceActives(gcount, inPhase, pref)
+}
+
+// home returns the member task t goes back to when the balance allows it
+// (-1 when nobody claims t): its most recent earlier owner (p.older[t][0])
+// when that claim shows it ran t before the current claimant took t over,
+// else the current claimant (p.prevOwn). An earlier owner's claim counts
+// with a trusted generation (>= 0) below the generation since which the
+// current claimant has held t without a break (p.since): a claim at or
+// above it overlaps that unbroken hold (a zombie), and a claim ranked -1
+// (untrusted, or no generation) proves nothing.
+func (p *planner) home(t int) int {
+	o := p.prevOwn[t]
+	if o < 0 || len(p.older[t]) == 0 {
+		return o
+	}
+	if r := p.claims[t][1]; r.gen >= 0 && r.gen < p.since[t] {
+		return r.m
+	}
+	return o
+}
+
+// returnHome moves tasks back to their home (p.home: the earlier owner that
+// rejoined with an older claim, else the previous owner) without widening
+// either balance: the stateful actives per member and all actives per
+// member each keep their spread (at most 1 where the phases reached 1).
+//
+// Why: the phases keep every previous owner's tasks up to the ceiling
+// ceil(T/N) and settle as soon as the loads are within one, so which
+// members end at the ceiling follows from who claimed what, not from who
+// held the ceiling shares before. After a whole-group restart (issue #26:
+// P=13, N=3; the two members holding 4 rejoin first and share the third's
+// 5, then it returns) both members that joined first keep one of its tasks
+// at the ceiling (5 is the ceiling for each), the rejoiner gets the other
+// 3 and one by balancing, and ends at 4: a restart moved state for nothing.
+// No balancing move repairs that (the loads are already within one); a
+// move of a ceiling share does, from a member at the ceiling to the
+// member at the floor whose task it is. Likewise the stateless phase may
+// have moved a task away from its previous owner that a later swap can
+// give back.
+//
+// Cost: a move home that turns the rejoiner's floor share into its earlier
+// ceiling share is one move beyond the minimum (a member back from an
+// absence gets its earlier share, not the smallest fair one: the planner
+// cannot tell it from the last batch of a restart); a move to the previous
+// owner undoes a move. With the lag known, a home member that is not caught
+// up on a stateful task is its target all the same: lagAware keeps the task
+// on a caught-up member and warms the home member up, and a follow-up
+// rebalance moves it once it is caught up (KIP-441; the earlier claim that
+// makes it the home lasts for the follow-ups, Member.Earlier).
+//
+// First all homes at once: when that keeps both spreads (the whole group is
+// back and every task's earlier owner is known: the assignment before the
+// restart) it is taken. Otherwise one path or cycle of home moves at a
+// time, of one kind of task (stateful or stateless): a cycle changes no
+// count; a path d -> x1 -> ... -> r (d's task goes to its home x1, one of
+// x1's to its home x2, ..., into r) only lowers d and raises r, taken when
+// d is above r in every count it changes. Each step puts at least one more
+// task home and never moves one that is home, so it ends after at most T
+// steps. A member only ever receives a task it held before (its claim):
+// the members of the current generation never gain (t/meticulous
+// checkAdded).
+func (p *planner) returnHome() {
+	n := len(p.members)
+	home := make([]int, len(p.taskG))
+	st := make([]int, n) // stateful actives per member
+	pending := false
+	for t, m := range p.active {
+		home[t] = -1
+		if m < 0 {
+			continue
+		}
+		if p.stateful(t) {
+			st[m]++
+		}
+		if h := p.home(t); h >= 0 && h != m {
+			home[t] = h
+			pending = true
+		}
+	}
+	if !pending {
+		return
+	}
+	stBound, ldBound := max(1, spreadOf(st)), max(1, spreadOf(p.load))
+	st2, ld2 := slices.Clone(st), slices.Clone(p.load)
+	for t, h := range home {
+		if h >= 0 {
+			m := p.active[t]
+			ld2[m]--
+			ld2[h]++
+			if p.stateful(t) {
+				st2[m]--
+				st2[h]++
+			}
+		}
+	}
+	if spreadOf(st2) <= stBound && spreadOf(ld2) <= ldBound {
+		for t, h := range home {
+			if h >= 0 {
+				p.active[t] = h
+			}
+		}
+		copy(p.load, ld2)
+		return
+	}
+	for p.homeCycle(home, st) || p.homePath(home, st) {
+	}
+}
+
+// spreadOf returns max - min of xs (0 when empty).
+func spreadOf(xs []int) int {
+	if len(xs) == 0 {
+		return 0
+	}
+	return slices.Max(xs) - slices.Min(xs)
+}
+
+// homeEdges returns member -> the tasks of one kind (stateful or not) it
+// holds that have a home elsewhere (home[t] >= 0, p.active[t] != home[t]),
+// in task order.
+func (p *planner) homeEdges(home []int, stateful bool) [][]int {
+	out := make([][]int, len(p.members))
+	for t, h := range home {
+		if h >= 0 && h != p.active[t] && p.stateful(t) == stateful {
+			out[p.active[t]] = append(out[p.active[t]], t)
+		}
+	}
+	return out
+}
+
+// sendHome moves task t from its member to home[t], keeping p.load and st.
+func (p *planner) sendHome(t int, home, st []int) {
+	from, to := p.active[t], home[t]
+	p.active[t] = to
+	p.load[from]--
+	p.load[to]++
+	if p.stateful(t) {
+		st[from]--
+		st[to]++
+	}
+}
+
+// homeCycle finds one cycle of home moves of one kind of task (each member
+// on it gives one task home and receives one of its own: no count changes)
+// and applies it. It reports whether it moved anything.
+func (p *planner) homeCycle(home, st []int) bool {
+	n := len(p.members)
+	for _, stateful := range []bool{true, false} {
+		out := p.homeEdges(home, stateful)
+		state := make([]int8, n) // 0 unvisited, 1 on the DFS stack, 2 done
+		via := make([]int, n)    // member -> the task that led to it on the stack
+		var cycle []int
+		var dfs func(x int) int // returns a member on a cycle found, or -1
+		dfs = func(x int) int {
+			state[x] = 1
+			for _, t := range out[x] {
+				y := home[t]
+				if state[y] == 1 {
+					// Cycle y -> ... -> x -> y: collect its tasks.
+					cycle = append(cycle, t)
+					for z := x; z != y; z = p.active[via[z]] {
+						cycle = append(cycle, via[z])
+					}
+					return y
+				}
+				if state[y] == 0 {
+					via[y] = t
+					if c := dfs(y); c >= 0 {
+						return c
+					}
+				}
+			}
+			state[x] = 2
+			return -1
+		}
+		for x := range n {
+			if state[x] == 0 && dfs(x) >= 0 {
+				for _, t := range cycle {
+					p.sendHome(t, home, st)
+				}
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// homePath finds one shortest path of home moves of one kind of task, from
+// a member d to a member r below d in every count the path changes (the
+// stateful actives for stateful tasks, and all actives), and applies it. It
+// reports whether it moved anything. Roots with the same counts are
+// searched together (the acceptance depends only on them).
+func (p *planner) homePath(home, st []int) bool {
+	n := len(p.members)
+	for _, stateful := range []bool{true, false} {
+		out := p.homeEdges(home, stateful)
+		below := func(d, r int) bool {
+			return p.load[d] > p.load[r] && (!stateful || st[d] > st[r])
+		}
+		done := make([]bool, n)
+		for d0 := range n {
+			if done[d0] || len(out[d0]) == 0 {
+				continue
+			}
+			via := make([]int, n) // member -> the task moved into it (-1 root, -2 unvisited)
+			for i := range via {
+				via[i] = -2
+			}
+			var queue []int
+			for d := d0; d < n; d++ {
+				if p.load[d] == p.load[d0] && st[d] == st[d0] {
+					done[d] = true
+					if len(out[d]) > 0 {
+						via[d] = -1
+						queue = append(queue, d)
+					}
+				}
+			}
+			end := -1
+			for len(queue) > 0 && end < 0 {
+				x := queue[0]
+				queue = queue[1:]
+				for _, t := range out[x] {
+					y := home[t]
+					if via[y] != -2 {
+						continue
+					}
+					via[y] = t
+					if below(d0, y) {
+						end = y
+						break
+					}
+					queue = append(queue, y)
+				}
+			}
+			if end < 0 {
+				continue
+			}
+			var path []int
+			for y := end; via[y] != -1; y = p.active[via[y]] {
+				path = append(path, via[y])
+			}
+			// Every edge was read before any move; the members on the path
+			// are distinct, so the moves apply in any order.
+			for _, t := range path {
+				p.sendHome(t, home, st)
+			}
+			return true
+		}
+	}
+	return false
 }
 
 // freeSlot reports whether member h can take one more task, possibly after
@@ -809,7 +1151,12 @@ func (p *planner) balanceActives(gcount [][]int, inPhase []bool, pref []int) {
 				} else if p.prevOwn[t] == r || p.isHolder(r, t) {
 					noState = 0
 				}
-				key := [9]int{-p.load[d], p.lagging(r, t), -pref[d], back, -int(p.since[t]), noState, owned, gcount[gi][r] - gcount[gi][d], t}
+				// The donor gives its most recently acquired task first: a
+				// task an earlier owner got back in this plan (p.older) is
+				// as old to it as its claim, not a task to pass on (after
+				// a restart that would lose the last record of where the
+				// task belongs: the receiver reports it from then on).
+				key := [9]int{-p.load[d], p.lagging(r, t), -pref[d], back, -int(p.heldSince(d, t)), noState, owned, gcount[gi][r] - gcount[gi][d], t}
 				if bestD < 0 || slices.Compare(key[:], bestKey[:]) < 0 {
 					bestD, bestT, bestKey = d, t, key
 				}

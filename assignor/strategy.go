@@ -22,6 +22,20 @@ const StrategyName = "runnel"
 // default (10 minutes).
 const DefaultProbingRebalanceInterval = 10 * time.Minute
 
+// EarlierClaimGenerations is how many generations after the one it held
+// them a restarted member keeps claiming the actives of its persisted
+// assignment that it has not been given back (Assignment.Earlier): the
+// leader gives each back to it where the balance allows, so that a group
+// restarted as a whole, whatever order its members rejoin in, ends where it
+// was (docs/assignment.md, Restarts). A restart whose members rejoin in b
+// batches takes b generations, 2b under the cooperative protocol (a moving
+// partition is revoked in one and assigned in the next), plus a warm-up
+// follow-up per MaxWarmupReplicas partitions it lags on (KIP-441: each is
+// given back once caught up); 32 leaves room for that and bounds how long
+// a claim that can no longer be honoured (the group came back with other
+// members) may still pull a partition back when the balance allows.
+const EarlierClaimGenerations = 32
+
 // DefaultMaxURLMapBytes is the default Config.MaxURLMapBytes: 256 KiB of URL
 // maps over all members' assignments, a quarter of the broker's default
 // message.max.bytes (1 MiB), leaving the rest to the assignments proper.
@@ -105,10 +119,18 @@ type Assignment struct {
 	// from a DescribeGroups response with URLsFromGroup.
 	URLsOmitted bool
 	// Since maps topic -> partition -> the generation since which this
-	// member has held that active without a break (kept by the Strategy
-	// across OnAssignment calls and restarts, Restore; reported to the
-	// leader as Member.Since).
+	// member has held that active (or pending active) without a break
+	// (kept by the Strategy across OnAssignment calls and restarts,
+	// Restore; reported to the leader as Member.Since).
 	Since map[string]map[int32]int32
+	// Earlier maps topic -> partition -> generation: the actives of the
+	// assignment this member persisted before a restart (Restore) that it
+	// does not hold now, and the generation it held them at, for
+	// EarlierClaimGenerations generations after that one. It reports them
+	// to the leader (subscription v4, Member.Earlier): a partition the
+	// first plans after the restart gave to another member is then still
+	// known to be this member's when the whole group is back.
+	Earlier map[string]map[int32]int32
 }
 
 // Strategy is Runnel's sarama.BalanceStrategy (also SubscriptionUserData-,
@@ -132,6 +154,11 @@ type Strategy struct {
 	claimed   map[string]int32          // leader: member -> generation claimed in the last Plan's input
 	groupGen  int32                     // highest generation seen from the coordinator (OnAssignment, AssignmentData); -1 none
 	restored  *Assignment               // from Restore: reported by SubscriptionUserData until the first OnAssignment
+	// home maps topic -> partition -> generation: the actives of the
+	// restored assignment (and its Earlier ones), claimed back in
+	// Assignment.Earlier while not held, until EarlierClaimGenerations
+	// have passed since the generation each was held at (then dropped).
+	home map[string]map[int32]int32
 	// warmSignalled is the generation for which CheckWarmups last signalled
 	// (-2 never): one follow-up rebalance per generation.
 	warmSignalled int32
@@ -238,6 +265,7 @@ func (s *Strategy) SubscriptionUserData(topics []string) ([]byte, error) {
 		PrevStandbys: standbys,
 		Offsets:      offsets,
 		Since:        cur.Since,
+		Earlier:      cur.Earlier,
 	}), nil
 }
 
@@ -287,6 +315,7 @@ func (s *Strategy) Plan(members map[string]sarama.ConsumerGroupMemberMetadata, t
 				claimed[id] = sub.Generation
 				m.ProcessID, m.URL, m.Generation = sub.ProcessID, sub.URL, sub.Generation
 				m.PrevActives, m.PrevStandbys, m.Offsets, m.Since = sub.PrevActives, sub.PrevStandbys, sub.Offsets, sub.Since
+				m.Earlier = sub.Earlier
 				if sub.Instance == s.instance {
 					leaderID = id
 				}
@@ -404,7 +433,8 @@ func (s *Strategy) OnAssignment(assignment *sarama.ConsumerGroupMemberAssignment
 	if prev.Generation == -1 && s.restored != nil {
 		prev = *s.restored
 	}
-	a.Since = heldSince(prev, a.Actives, generationID)
+	a.Since = heldSince(prev, a, generationID)
+	a.Earlier = s.earlierClaims(a, generationID)
 	s.cur = a
 	s.groupGen = max(s.groupGen, generationID)
 	if s.probeTimer != nil {
@@ -420,25 +450,62 @@ func (s *Strategy) OnAssignment(assignment *sarama.ConsumerGroupMemberAssignment
 	}
 }
 
-// heldSince returns Assignment.Since for actives received in generation
-// gen by a member whose previous assignment was prev: an active it already
-// held keeps its generation (prev.Since, else prev.Generation), a new one
-// gets gen.
-func heldSince(prev Assignment, actives map[string][]int32, gen int32) map[string]map[int32]int32 {
-	out := make(map[string]map[int32]int32, len(actives))
-	for t, ps := range actives {
-		m := make(map[int32]int32, len(ps))
-		for _, p := range ps {
-			g := gen
-			if slices.Contains(prev.Actives[t], p) && prev.Generation >= 0 {
-				g = prev.Generation
-				if v, ok := prev.Since[t][p]; ok && v < g {
-					g = v
-				}
+// heldSince returns Assignment.Since for a, received in generation gen by a
+// member whose previous assignment was prev: an active or pending active
+// it already held (prev's actives or pending ones) keeps its generation
+// (prev.Since, else prev.Generation), a new one gets gen. Pending actives
+// count as held from the plan that gave them (cooperative: the member
+// reports them as actives), so that a partition given back to a restarted
+// member as pending keeps its tenure from before the restart.
+func heldSince(prev, a Assignment, gen int32) map[string]map[int32]int32 {
+	out := make(map[string]map[int32]int32, len(a.Actives))
+	for _, tps := range []map[string][]int32{a.Actives, a.Pending} {
+		for t, ps := range tps {
+			if out[t] == nil {
+				out[t] = make(map[int32]int32, len(ps))
 			}
-			m[p] = g
+			for _, p := range ps {
+				g := gen
+				if (slices.Contains(prev.Actives[t], p) || slices.Contains(prev.Pending[t], p)) && prev.Generation >= 0 {
+					g = prev.Generation
+					if v, ok := prev.Since[t][p]; ok && v < g {
+						g = v
+					}
+				}
+				out[t][p] = g
+			}
 		}
-		out[t] = m
+	}
+	return out
+}
+
+// earlierClaims returns Assignment.Earlier for a, received in generation
+// gen: the partitions of s.home that a neither holds nor has pending. It
+// first drops from s.home what was held more than EarlierClaimGenerations
+// ago, or at or above gen (a data dir of an earlier incarnation of the
+// group, whose generations started again). Called with s.mu held.
+func (s *Strategy) earlierClaims(a Assignment, gen int32) map[string]map[int32]int32 {
+	var out map[string]map[int32]int32
+	for t, ps := range s.home {
+		for p, g := range ps {
+			if g >= gen || gen-g > EarlierClaimGenerations {
+				delete(ps, p)
+				continue
+			}
+			if slices.Contains(a.Actives[t], p) || slices.Contains(a.Pending[t], p) {
+				continue
+			}
+			if out == nil {
+				out = map[string]map[int32]int32{}
+			}
+			if out[t] == nil {
+				out[t] = map[int32]int32{}
+			}
+			out[t][p] = g
+		}
+		if len(ps) == 0 {
+			delete(s.home, t)
+		}
 	}
 	return out
 }
@@ -459,12 +526,20 @@ func cloneAssignment(a Assignment) Assignment {
 		urls[t] = maps.Clone(m)
 	}
 	a.URLs = urls
-	since := make(map[string]map[int32]int32, len(a.Since))
-	for t, m := range a.Since {
-		since[t] = maps.Clone(m)
+	a.Since = cloneGens(a.Since)
+	if a.Earlier != nil {
+		a.Earlier = cloneGens(a.Earlier)
 	}
-	a.Since = since
 	return a
+}
+
+// cloneGens deep-copies a topic -> partition -> generation map.
+func cloneGens(m map[string]map[int32]int32) map[string]map[int32]int32 {
+	out := make(map[string]map[int32]int32, len(m))
+	for t, ps := range m {
+		out[t] = maps.Clone(ps)
+	}
+	return out
 }
 
 // Restore seeds the member's previous assignment before its first join, from
@@ -472,8 +547,12 @@ func cloneAssignment(a Assignment) Assignment {
 // OnAssignment): SubscriptionUserData then reports its actives, pending
 // actives, standbys and warm-ups with their generation, so that after a
 // restart the member gets its partitions back instead of joining as a
-// newcomer. Current is not affected (the member holds nothing until the group
-// assigns it). Only the first call before any OnAssignment has an effect; it
+// newcomer; from its first assignment on it reports the restored actives it
+// does not hold (Assignment.Earlier), for EarlierClaimGenerations
+// generations, so that the leader still knows them once the whole group is
+// back. Current is not affected (the member holds
+// nothing until the group assigns it). Only the first call before any
+// OnAssignment has an effect; it
 // reports whether the state was taken. The leader ranks the claims like any
 // other: an older generation loses to the current owner, a generation above
 // the group's (a data dir of an earlier incarnation of the group) is not
@@ -487,5 +566,19 @@ func (s *Strategy) Restore(a Assignment) bool {
 	a = cloneAssignment(a)
 	a.Leader, a.LeaderID, a.MemberID = false, "", ""
 	s.restored = &a
+	// Home: what the member held before the restart, claimed back from
+	// the first assignment on (Assignment.Earlier); the restored Earlier
+	// ones too (a restart during the last one's settling).
+	s.home = cloneGens(a.Earlier)
+	for _, m := range []map[string][]int32{a.Actives, a.Pending} {
+		for t, ps := range m {
+			if s.home[t] == nil {
+				s.home[t] = map[int32]int32{}
+			}
+			for _, p := range ps {
+				s.home[t][p] = a.Generation
+			}
+		}
+	}
 	return true
 }

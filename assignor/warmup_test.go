@@ -3,6 +3,7 @@ package assignor
 import (
 	"io"
 	"log/slog"
+	"maps"
 	"reflect"
 	"sync"
 	"testing"
@@ -125,5 +126,84 @@ func TestSinceTracksTenure(t *testing.T) {
 	want = map[string]map[int32]int32{"src": {1: 14, 2: 12}, "cl": {1: 14, 2: 12}}
 	if got := s.Current().Since; !reflect.DeepEqual(got, want) {
 		t.Fatalf("since after losing and regaining partition 1: %v, want %v", got, want)
+	}
+}
+
+// After a restart a member claims back, as Assignment.Earlier and in its
+// subscription (v4), the restored actives (pending included) it does not
+// hold, at the generation it held them, until it holds them again or
+// EarlierClaimGenerations have passed; a restart in between keeps them.
+func TestEarlierClaimsAfterRestore(t *testing.T) {
+	newStrategy := func() *Strategy {
+		return NewStrategy(Config{Changelogs: map[string]int32{"cl": 8}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	}
+	s := newStrategy()
+	s.Restore(Assignment{Generation: 9, Actives: map[string][]int32{"src": {1, 2, 3}, "cl": {1, 2, 3}},
+		Pending: map[string][]int32{"src": {4}, "cl": {4}}})
+	assign := func(s *Strategy, gen int32, ps ...int32) {
+		s.OnAssignment(&sarama.ConsumerGroupMemberAssignment{UserData: encodeAssignment(assignmentData{
+			Generation: gen, MemberID: "m", Actives: map[string][]int32{"src": ps, "cl": ps}})}, gen)
+	}
+	claims := func(g int32, ps ...int32) map[string]map[int32]int32 {
+		if len(ps) == 0 {
+			return nil
+		}
+		m := map[int32]int32{}
+		for _, p := range ps {
+			m[p] = g
+		}
+		return map[string]map[int32]int32{"src": m, "cl": maps.Clone(m)}
+	}
+	check := func(s *Strategy, step string, want map[string]map[int32]int32) {
+		t.Helper()
+		if got := s.Current().Earlier; !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: Earlier %v, want %v", step, got, want)
+		}
+		ud, err := s.SubscriptionUserData([]string{"src"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sub, err := decodeSubscription(ud); err != nil || !reflect.DeepEqual(sub.Earlier, want) {
+			t.Fatalf("%s: subscription Earlier %v (%v), want %v", step, sub.Earlier, err, want)
+		}
+	}
+	assign(s, 12, 1)
+	check(s, "first assignment", claims(9, 2, 3, 4))
+	assign(s, 13, 1, 2)
+	check(s, "2 given back", claims(9, 3, 4))
+	assign(s, 14, 2)
+	check(s, "1 taken away again", claims(9, 1, 3, 4))
+	// Restarted again: the persisted Earlier ones stay claimed at 9, the
+	// persisted actives are claimed at 14.
+	s2 := newStrategy()
+	s2.Restore(s.Current())
+	assign(s2, 16, 3)
+	want := claims(9, 1, 4)
+	want["src"][2], want["cl"][2] = 14, 14
+	check(s2, "after a second restart", want)
+	assign(s2, 9+EarlierClaimGenerations+1, 3)
+	check(s2, "claims of generation 9 expired", claims(14, 2))
+	assign(s2, 14+EarlierClaimGenerations+1, 3)
+	check(s2, "all expired", nil)
+}
+
+// A pending active (cooperative) counts as held from the plan that gave it:
+// a restored member that gets its old active back as pending first keeps
+// its tenure from before the restart, and a new one dates from the plan
+// that made it pending, not from the follow-up that assigns it.
+func TestSinceCoversPending(t *testing.T) {
+	s := NewStrategy(Config{Changelogs: map[string]int32{"cl": 4}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s.Restore(Assignment{Generation: 9, Actives: map[string][]int32{"src": {1}, "cl": {1}},
+		Since: map[string]map[int32]int32{"src": {1: 4}, "cl": {1: 4}}})
+	s.OnAssignment(&sarama.ConsumerGroupMemberAssignment{UserData: encodeAssignment(assignmentData{
+		Generation: 12, MemberID: "m", Pending: map[string][]int32{"src": {1, 2}, "cl": {1, 2}}})}, 12)
+	want := map[string]map[int32]int32{"src": {1: 4, 2: 12}, "cl": {1: 4, 2: 12}}
+	if got := s.Current().Since; !reflect.DeepEqual(got, want) {
+		t.Fatalf("since with both pending: %v, want %v", got, want)
+	}
+	s.OnAssignment(&sarama.ConsumerGroupMemberAssignment{UserData: encodeAssignment(assignmentData{
+		Generation: 13, MemberID: "m", Actives: map[string][]int32{"src": {1, 2}, "cl": {1, 2}}})}, 13)
+	if got := s.Current().Since; !reflect.DeepEqual(got, want) {
+		t.Fatalf("since once assigned: %v, want %v", got, want)
 	}
 }

@@ -41,6 +41,9 @@ import (
 //	v3 appends: uvarint count, then (varint generation, topicmap) sorted by
 //	generation: the previous actives held continuously since an earlier
 //	generation than the subscription's (the others since that generation)
+//	v4 appends, in the same form: the earlier actives (a restarted
+//	member's persisted actives it has not been given back) by the
+//	generation it held them at, below the subscription's
 //
 // Assignment v1/v2 (legacy, leader -> member, SyncGroup user data):
 //
@@ -60,7 +63,7 @@ import (
 //	topics that share one partition -> URL map: uvarint topics, string
 //	topic..., then per URL in table order: parts (the partitions it serves)
 const (
-	subscriptionVersion = 3
+	subscriptionVersion = 4
 	assignmentVersion   = 3
 
 	legacySubscriptionVersion = 1
@@ -101,6 +104,10 @@ type subscription struct {
 	// member has held that previous active without a break, for those held
 	// since before Generation.
 	Since map[string]map[int32]int32
+	// Earlier (v4): topic -> partition -> the generation, below Generation,
+	// at which the member last held that active before a restart and has
+	// not held it since (Assignment.Earlier).
+	Earlier map[string]map[int32]int32
 }
 
 // assignmentData is the leader -> member user data.
@@ -245,6 +252,31 @@ func (d *decoder) topicMap(what string) map[string][]int32 {
 	return m
 }
 
+// genMap decodes what encoder.genMap wrote; nil when empty.
+func (d *decoder) genMap(what string) map[string]map[int32]int32 {
+	var out map[string]map[int32]int32
+	ng := d.count(what + " generations")
+	for range ng {
+		g := d.int32v(what + " generation")
+		tm := d.topicMap(what)
+		if d.err != nil {
+			return nil
+		}
+		for t, ps := range tm {
+			if out == nil {
+				out = map[string]map[int32]int32{}
+			}
+			if out[t] == nil {
+				out[t] = map[int32]int32{}
+			}
+			for _, p := range ps {
+				out[t][p] = g
+			}
+		}
+	}
+	return out
+}
+
 // openEnvelope checks the envelope and returns the version and a decoder over the
 // body. Without the magic it accepts the legacy version byte legacy (a
 // payload of the previous release) or fails with ErrForeign.
@@ -291,30 +323,37 @@ func (d *decoder) end(v, known byte) {
 
 func encodeSubscription(s subscription) []byte {
 	e := encodeSubscriptionV2Body(s)
-	// v3: since, grouped by generation.
-	bySince := map[int32]map[string][]int32{}
-	for t, m := range s.Since {
-		for p, g := range m {
-			if g >= s.Generation {
+	e.genMap(s.Since, s.Generation)   // v3
+	e.genMap(s.Earlier, s.Generation) // v4
+	return seal(subscriptionVersion, e.b)
+}
+
+// genMap encodes topic -> partition -> generation grouped by generation
+// (uvarint count, then varint generation and the topicmap of its
+// partitions, ascending), leaving out generations at or above below.
+func (e *encoder) genMap(m map[string]map[int32]int32, below int32) {
+	byGen := map[int32]map[string][]int32{}
+	for t, ps := range m {
+		for p, g := range ps {
+			if g >= below {
 				continue
 			}
-			if bySince[g] == nil {
-				bySince[g] = map[string][]int32{}
+			if byGen[g] == nil {
+				byGen[g] = map[string][]int32{}
 			}
-			bySince[g][t] = append(bySince[g][t], p)
+			byGen[g][t] = append(byGen[g][t], p)
 		}
 	}
-	gens := make([]int32, 0, len(bySince))
-	for g := range bySince {
+	gens := make([]int32, 0, len(byGen))
+	for g := range byGen {
 		gens = append(gens, g)
 	}
 	slices.Sort(gens)
 	e.uvarint(uint64(len(gens)))
 	for _, g := range gens {
 		e.varint(int64(g))
-		e.topicMap(bySince[g])
+		e.topicMap(byGen[g])
 	}
-	return seal(subscriptionVersion, e.b)
 }
 
 // encodeSubscriptionV2Body encodes the fields of subscription v2.
@@ -382,25 +421,10 @@ func decodeSubscription(b []byte) (subscription, error) {
 		s.Offsets[t] = m
 	}
 	if v >= 3 {
-		ng := d.count("since generations")
-		for range ng {
-			g := d.int32v("since generation")
-			tm := d.topicMap("since")
-			if d.err != nil {
-				break
-			}
-			for t, ps := range tm {
-				if s.Since == nil {
-					s.Since = map[string]map[int32]int32{}
-				}
-				if s.Since[t] == nil {
-					s.Since[t] = map[int32]int32{}
-				}
-				for _, p := range ps {
-					s.Since[t][p] = g
-				}
-			}
-		}
+		s.Since = d.genMap("since")
+	}
+	if v >= 4 {
+		s.Earlier = d.genMap("earlier")
 	}
 	if v == legacySubscriptionVersion {
 		d.end(v, legacySubscriptionVersion)

@@ -2,9 +2,9 @@ package assignor
 
 import "slices"
 
-// The encoders of the previous release (subscription v1, assignment v2, no
-// envelope), kept to test that their payloads still decode during a rolling
-// upgrade.
+// The encoders of the previous releases (subscription v1, v2 and v3,
+// assignment v2, the first two without the envelope), kept to test that
+// their payloads still decode during a rolling upgrade.
 
 func encodeSubscriptionV1(s subscription) []byte {
 	return append([]byte{legacySubscriptionVersion}, encodeSubscriptionV2Body(s).b...)
@@ -14,6 +14,15 @@ func encodeSubscriptionV1(s subscription) []byte {
 // since section).
 func encodeSubscriptionV2(s subscription) []byte {
 	return seal(2, encodeSubscriptionV2Body(s).b)
+}
+
+// encodeSubscriptionV3 is the previous release's subscription (no earlier
+// actives). Its decoder reads a v4 payload as v3: a newer version's
+// appended fields are ignored (TestWireFutureVersion).
+func encodeSubscriptionV3(s subscription) []byte {
+	e := encodeSubscriptionV2Body(s)
+	e.genMap(s.Since, s.Generation)
+	return seal(3, e.b)
 }
 
 func encodeAssignmentV2(a assignmentData) []byte {

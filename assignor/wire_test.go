@@ -15,6 +15,7 @@ func sampleSubscription() subscription {
 		PrevStandbys: map[string][]int32{"tbl-changelog": {1, 2}},
 		Offsets:      map[string]map[int32]int64{"tbl-changelog": {0: 41, 3: -1, 9: 1 << 40}},
 		Since:        map[string]map[int32]int32{"src": {0: 3, 9: 5}, "tbl-changelog": {0: 3, 9: 5}},
+		Earlier:      map[string]map[int32]int32{"src": {1: 2, 4: 6}, "tbl-changelog": {1: 2, 4: 6}},
 	}
 }
 
@@ -158,6 +159,10 @@ func FuzzDecode(f *testing.F) {
 // no envelope) still decode: a rolling upgrade keeps the members' state.
 func TestWireLegacyVersions(t *testing.T) {
 	s := sampleSubscription()
+	s.Earlier = nil // v4
+	if got, err := decodeSubscription(encodeSubscriptionV3(s)); err != nil || !reflect.DeepEqual(got, s) {
+		t.Fatalf("v3 subscription: %+v %v", got, err)
+	}
 	s.Since = nil // v3
 	if got, err := decodeSubscription(encodeSubscriptionV1(s)); err != nil || !reflect.DeepEqual(got, s) {
 		t.Fatalf("v1 subscription: %+v %v", got, err)

@@ -16,9 +16,13 @@
 //     leaves it room (TestAssignmentProperties);
 //   - a stateful active sits on a caught-up member when one exists, warm-ups
 //     are bounded (KIP-441, TestLagRule);
-//   - stale, conflicting or forged claims (a generation above the group's,
-//     foreign or corrupt user data) never win over the most recent owner,
-//     and a rejoin moves no more than the minimum;
+//   - forged claims (a generation above the group's, foreign or corrupt
+//     user data) never win; a stale claim (an older generation) loses to
+//     the most recent owner, except that a rejoiner gets its earlier tasks
+//     back where the balance allows: a rejoin moves only what goes to the
+//     rejoiner, and a whole-group restart, in any join order and batches,
+//     ends where it began (TestWholeGroupRestart; in two batches even
+//     without the members' earlier claims);
 //   - a cooperative plan never gives a member a partition another member
 //     still owns, and its follow-up assigns exactly the eager target (KIP-429,
 //     TestCooperativeTwoPhase).
