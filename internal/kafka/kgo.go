@@ -452,9 +452,10 @@ func (k *kgoProducer) batchMaxBytes(topic string) int32 {
 // the lower of it and maxBytes as the topic's batch cap. kgo neither splits
 // a batch the broker refuses as too large nor reads the topic's limit: a
 // topic whose limit is below kgo's default 1 MB batch cap would fail every
-// full batch. Runs once per topic (and again for a topic whose look-up
-// failed, at most once a second): the first record of a topic waits one
-// round trip.
+// full batch. Runs once per topic: the first record of a topic waits one
+// round trip. A look-up that fails (no DescribeConfigs permission, the topic
+// not created yet) leaves the topic at Kafka's default for the producer's
+// life.
 func (k *kgoProducer) learnLimit(topic string) {
 	k.learnMu.Lock()
 	defer k.learnMu.Unlock()

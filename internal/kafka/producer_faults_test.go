@@ -316,10 +316,10 @@ func TestProducerIdlePartitionPastRetention(t *testing.T) {
 func TestProducerFailedBatchStaysLocal(t *testing.T) {
 	const parts = 3
 	e := newProdEnv(t, parts)
-	var refused atomic.Bool
+	var armed, refused atomic.Bool // armed: the x records are being sent
 	e.cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		e.cluster.KeepControl()
-		if refused.Load() {
+		if !armed.Load() || refused.Load() {
 			return nil, nil, false
 		}
 		only1 := true
@@ -348,6 +348,7 @@ func TestProducerFailedBatchStaysLocal(t *testing.T) {
 	e.sendPaced(t, l, "a", 30, parts, 0)
 	e.flush(t)
 	// Partition 1 alone: its batch is refused.
+	armed.Store(true)
 	for i := range 5 {
 		e.send(t, l, 1, fmt.Sprintf("x-%d", i))
 	}
