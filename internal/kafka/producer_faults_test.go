@@ -36,22 +36,29 @@ func (e *prodEnv) sendPaced(t *testing.T, l *ackLog, prefix string, n int, parts
 	}
 }
 
-// P1: every partition's leader answers NOT_LEADER_OR_FOLLOWER for 10 s (its
-// broker lost leadership and no new leader is elected yet): records sent
-// before and during the outage wait and succeed once it ends.
-func TestProducerLeaderOutage(t *testing.T) {
-	const parts = 3
-	e := newProdEnv(t, parts)
-	var until atomic.Int64
-	var refused atomic.Int32
+// refuseProduce answers every Produce request with code for all its
+// partitions while the time is before until (nanoseconds; 0 at first: no
+// refusal), counting the requests refused.
+func (e *prodEnv) refuseProduce(code int16) (until *atomic.Int64, refused *atomic.Int32) {
+	until, refused = new(atomic.Int64), new(atomic.Int32)
 	e.cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		e.cluster.KeepControl()
 		if time.Now().UnixNano() >= until.Load() {
 			return nil, nil, false
 		}
 		refused.Add(1)
-		return errorResponse(req, func(string, int32) int16 { return 6 /* NOT_LEADER_OR_FOLLOWER */ }), nil, true
+		return errorResponse(req, func(string, int32) int16 { return code }), nil, true
 	})
+	return until, refused
+}
+
+// P1: every partition's leader answers NOT_LEADER_OR_FOLLOWER for 10 s (its
+// broker lost leadership and no new leader is elected yet): records sent
+// before and during the outage wait and succeed once it ends.
+func TestProducerLeaderOutage(t *testing.T) {
+	const parts = 3
+	e := newProdEnv(t, parts)
+	until, refused := e.refuseProduce(6 /* NOT_LEADER_OR_FOLLOWER */)
 	l := newAckLog()
 	e.sendPaced(t, l, "before", 30, parts, time.Millisecond)
 	e.flush(t)
@@ -112,16 +119,7 @@ func TestProducerUnknownTopicWindow(t *testing.T) {
 func TestProducerUnknownTopicAnswers(t *testing.T) {
 	const parts = 2
 	e := newProdEnv(t, parts)
-	var until atomic.Int64
-	var refused atomic.Int32
-	e.cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		e.cluster.KeepControl()
-		if time.Now().UnixNano() >= until.Load() {
-			return nil, nil, false
-		}
-		refused.Add(1)
-		return errorResponse(req, func(string, int32) int16 { return 3 /* UNKNOWN_TOPIC_OR_PARTITION */ }), nil, true
-	})
+	until, refused := e.refuseProduce(3 /* UNKNOWN_TOPIC_OR_PARTITION */)
 	l := newAckLog()
 	e.sendPaced(t, l, "warm", 10, parts, 0)
 	e.flush(t)
