@@ -84,7 +84,14 @@ func TestRenewAbortsOpenTransactionAndKeepsEveryAnswer(t *testing.T) {
 	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false); err != nil {
 		t.Fatal(err)
 	}
-	p, err := kafka.NewTxnProducer(kafka.ProducerConfig{Brokers: brokers, TransactionalID: topic + "-txn"})
+	cfg := kafka.NewConfig("renew-test", testbroker.Version(t), kafka.TestTimeouts)
+	cfg.Producer.Transaction.ID = topic + "-txn"
+	client, err := sarama.NewClient(brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	p, err := kafka.NewTxnProducer(client)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,8 +133,8 @@ func TestRenewAbortsOpenTransactionAndKeepsEveryAnswer(t *testing.T) {
 	wg.Wait()
 	// After the renewal no transaction is open: senders are refused until
 	// Begin.
-	if err := p.SendRecord(topic, 0, nil, []byte("outside"), &acks); !errors.Is(err, kafka.ErrNoTransaction) {
-		t.Fatalf("send with no transaction open: %v, want ErrNoTransaction", err)
+	if err := p.SendRecord(topic, 0, nil, []byte("outside"), &acks); !errors.Is(err, sarama.ErrTransactionNotReady) {
+		t.Fatalf("send with no transaction open: %v, want ErrTransactionNotReady", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -165,7 +172,14 @@ func TestRenewAbortsOpenTransactionAndKeepsEveryAnswer(t *testing.T) {
 // Renew after Close fails and leaves the producer closed.
 func TestRenewAfterClose(t *testing.T) {
 	brokers := testbroker.Brokers(t)
-	p, err := kafka.NewTxnProducer(kafka.ProducerConfig{Brokers: brokers, TransactionalID: testbroker.Topic(t, "txn")})
+	cfg := kafka.NewConfig("renew-test", testbroker.Version(t), kafka.TestTimeouts)
+	cfg.Producer.Transaction.ID = testbroker.Topic(t, "txn")
+	client, err := sarama.NewClient(brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	p, err := kafka.NewTxnProducer(client)
 	if err != nil {
 		t.Fatal(err)
 	}
