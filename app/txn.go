@@ -11,6 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/assignor"
+	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/task"
 	"github.com/runnel-dev/runnel/stores"
 )
@@ -244,32 +245,31 @@ const zombieRule = "a second fence by another producer of the transactional ID b
 // drained first, the new one bumps the epoch), after an abort that failed or
 // left the producer unable to go on; cause is why, age the age of the
 // transaction it failed in (0: none was open). Every task must already be
-// abandoned. It tries three times (each InitProducerId retried by Sarama
-// for up to about 5 s). Errors: ErrTransactionalIDInUse (zombieRule), the
-// last renewal's error. Guarded by mu.
+// abandoned. Errors: ErrTransactionalIDInUse (zombieRule), the renewal's
+// error once its retries ran out. Guarded by mu.
 func (x *txnCycles) renewLocked(cause error, age time.Duration) error {
 	w := x.w
 	reason := "failed"
 	switch {
 	case age >= w.txnTimeout():
 		reason = "timeout"
-	case errors.Is(cause, sarama.ErrProducerFenced) || errors.Is(cause, sarama.ErrInvalidProducerEpoch):
+	case kafka.Fenced(cause) || kafka.Fenced(w.producer.FatalErr()):
+		// The cause may be a task's error whose records failed after the
+		// fence (their reports name it only as text): the producer keeps
+		// the error that made it fatal.
 		reason = "fenced"
 	}
-	id := "runnel-" + w.app.id + "-" + w.procID
+	id := w.txnID()
 	if reason == "fenced" && x.fenced {
 		w.log.Error("fenced again by another producer of this worker's transactional ID before any commit: another live process uses this data dir's process ID; stopping the worker",
 			"transactional_id", id, "rule", zombieRule, "err", cause)
 		return fmt.Errorf("%w: %s (%s): %w", ErrTransactionalIDInUse, id, zombieRule, cause)
 	}
-	var err error
-	for attempt := 1; attempt <= 3; attempt++ {
-		if err = w.producer.Renew(); err == nil {
-			break
-		}
-		w.log.Warn("renewing the transactional producer failed", "transactional_id", id, "attempt", attempt, "err", err)
-	}
-	if err != nil {
+	// Renew retries what Kafka calls retriable (the coordinator loading,
+	// moving or busy: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
+	// CONCURRENT_TRANSACTIONS) with backoff for up to the delivery timeout
+	// (flushBudget); what is left is a person's to fix.
+	if err := w.producer.Renew(); err != nil {
 		return fmt.Errorf("renew transactional producer %s: %w (after %w)", id, err, cause)
 	}
 	x.fenced = reason == "fenced"

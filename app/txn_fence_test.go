@@ -1,13 +1,8 @@
 // The fence tests make a transactional producer fail while its batches for
-// several partitions are in flight. Sarama 1.61 (the latest) then reads its
-// last transaction error in publishTxnPartitions without the lock
-// transitionTo writes it under (IBM/sarama#2913, open upstream; in
-// Sarama's goroutines, not Runnel's), and the race detector reports it in
-// about one run of three. They run in every build but the race detector's;
-// the producer's own renewal is tested under it (internal/kafka,
-// TestRenewAbortsOpenTransactionAndKeepsEveryAnswer).
-
-//go:build !race
+// several partitions are in flight. They ran without the race detector while
+// exactly-once produced through Sarama's transactional producer, whose
+// goroutines raced on its last transaction error (IBM/sarama#2913); the
+// producer is kgo's now, and they run in every build.
 
 package app_test
 

@@ -287,6 +287,10 @@ func (a *App) connect(ctx context.Context, brokers []string, clientID string, t 
 	return connect(ctx, sec, brokers, clientID, t, specs)
 }
 
+// txnID is the worker's transactional ID under ExactlyOnce:
+// runnel-<app ID>-<process ID of the data dir>.
+func (w *Worker) txnID() string { return "runnel-" + w.app.id + "-" + w.procID }
+
 // Run joins the group and processes records until ctx ends, then leaves the
 // group cleanly: it stops fetching, lets in-flight records finish within the
 // drain budget, commits what resolved and closes the stores.
@@ -302,20 +306,10 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	pc := *sc // the producer's configuration
 	if w.cfg.Guarantee == ExactlyOnce {
 		// Every reader of the app's topics (the group consumer, restores,
 		// standbys, seeks back) sees only committed transactions.
 		sc.Consumer.IsolationLevel = sarama.ReadCommitted
-		// One transactional ID per worker, stable across restarts of its
-		// data dir: a restarted worker fences its previous incarnation and
-		// aborts the transaction it left open at once (InitProducerId).
-		pc.Producer.Transaction.ID = "runnel-" + w.app.id + "-" + w.procID
-		// A transaction the worker leaves open when it dies blocks
-		// read_committed readers of its partitions (the next owner's
-		// restore among them) until the broker aborts it: Kafka Streams
-		// uses 10 s under exactly-once too.
-		pc.Producer.Transaction.Timeout = w.txnTimeout()
 		w.txn = newTxnCycles(w)
 	}
 	var closers []func() error
@@ -333,30 +327,31 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	}()
 	closers = append(closers, w.client.Close)
 
-	// The producer gets a client (so broker connections) of its own: with one
-	// request in flight per connection (idempotence), a changelog or sink
-	// record would otherwise wait behind fetch long-polls of the group
-	// consumer and the standby followers, up to the fetch max wait each.
+	// The producer is a kgo client with broker connections of its own: a
+	// changelog or sink record never waits behind the fetch long-polls of
+	// the group consumer and the standby followers. A record waits for its
+	// answer as long as a cycle waits for its acks (flushBudget): every
+	// retriable error (a leader moving or down, a changelog's metadata
+	// still propagating) is retried within it, and the cycle gives up at
+	// the same point.
+	pcfg := kafka.ProducerConfig{Brokers: brokers, ClientID: "runnel-" + w.app.id, Security: w.sec,
+		DeliveryTimeout: w.flushBudget(), Logger: w.log}
 	if w.txn != nil {
-		prodClient, err := sarama.NewClient(brokers, &pc)
-		if err != nil {
-			return fmt.Errorf("producer client: %w", err)
-		}
-		closers = append(closers, prodClient.Close)
-		if w.producer, err = kafka.NewTxnProducer(prodClient); err != nil {
-			return err
-		}
+		// One transactional ID per worker, stable across restarts of its
+		// data dir: a restarted worker fences its previous incarnation and
+		// aborts the transaction it left open at once (InitProducerId).
+		pcfg.TransactionalID = w.txnID()
+		// A transaction the worker leaves open when it dies blocks
+		// read_committed readers of its partitions (the next owner's
+		// restore among them) until the broker aborts it: Kafka Streams
+		// uses 10 s under exactly-once too.
+		pcfg.TransactionTimeout = w.txnTimeout()
+		w.producer, err = kafka.NewTxnProducer(pcfg)
 	} else {
-		// Under at-least-once a kgo client produces every derived record.
-		// A record waits for its answer as long as a cycle waits for its
-		// acks (flushBudget): every retriable error (a leader moving or
-		// down, a changelog's metadata still propagating) is retried
-		// within it, and the cycle gives up at the same point.
-		w.producer, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: brokers, ClientID: "runnel-" + w.app.id,
-			Security: w.sec, DeliveryTimeout: w.flushBudget(), Logger: w.log})
-		if err != nil {
-			return err
-		}
+		w.producer, err = kafka.NewProducer(pcfg)
+	}
+	if err != nil {
+		return err
 	}
 	closers = append(closers, w.producer.Close)
 	if w.txn != nil {

@@ -77,6 +77,13 @@ type ProducerConfig struct {
 	// Compression is the batches' codec: "none" (default), "gzip",
 	// "snappy", "lz4" or "zstd".
 	Compression string
+	// TransactionalID, for NewTxnProducer only, is the producer's
+	// transactional ID (Kafka's transactional.id).
+	TransactionalID string
+	// TransactionTimeout, for NewTxnProducer only, is how long the broker
+	// lets a transaction stay open before it aborts it (Kafka's
+	// transaction.timeout.ms); default kgo's 40 s.
+	TransactionTimeout time.Duration
 	// Logger gets the client's warnings and errors (nil: discarded).
 	Logger *slog.Logger
 }
@@ -187,6 +194,12 @@ func (c ProducerConfig) opts() ([]kgo.Opt, error) {
 	if c.Logger != nil {
 		opts = append(opts, kgo.WithLogger(slogLogger{c.Logger}))
 	}
+	if c.TransactionalID != "" {
+		opts = append(opts, kgo.TransactionalID(c.TransactionalID))
+		if c.TransactionTimeout > 0 {
+			opts = append(opts, kgo.TransactionTimeout(c.TransactionTimeout))
+		}
+	}
 	return opts, nil
 }
 
@@ -204,6 +217,19 @@ func (c ProducerConfig) opts() ([]kgo.Opt, error) {
 // name, SASL without credentials); the brokers are contacted lazily, so an
 // unreachable cluster shows as records failing at their delivery timeout.
 func NewProducer(c ProducerConfig) (*Producer, error) {
+	if c.TransactionalID != "" {
+		return nil, errors.New("kafka: NewProducer with a transactional ID: use NewTxnProducer")
+	}
+	k, err := newKgoProducer(c)
+	if err != nil {
+		return nil, err
+	}
+	return &Producer{k: k}, nil
+}
+
+// newKgoProducer makes the kgoProducer of c, with extra options added to
+// c's (a transactional producer's).
+func newKgoProducer(c ProducerConfig, extra ...kgo.Opt) (*kgoProducer, error) {
 	opts, err := c.opts()
 	if err != nil {
 		return nil, err
@@ -212,17 +238,19 @@ func NewProducer(c ProducerConfig) (*Producer, error) {
 	if k.log == nil {
 		k.log = slog.New(slog.DiscardHandler)
 	}
-	opts = append(opts, kgo.ProducerBatchMaxBytesFn(k.batchMaxBytes))
-	if k.cl, err = kgo.NewClient(opts...); err != nil {
+	k.opts = append(append(opts, kgo.ProducerBatchMaxBytesFn(k.batchMaxBytes)), extra...)
+	cl, err := kgo.NewClient(k.opts...)
+	if err != nil {
 		return nil, fmt.Errorf("kafka: producer: %w", err)
 	}
+	k.cl.Store(cl)
 	k.ctx, k.cancel = context.WithCancel(context.Background())
 	k.promise = k.report
 	k.timeout = c.DeliveryTimeout
 	if k.timeout <= 0 {
 		k.timeout = DefaultDeliveryTimeout
 	}
-	return &Producer{k: k}, nil
+	return k, nil
 }
 
 // kgoProducer is the non-transactional producer behind a Producer from
@@ -234,7 +262,10 @@ func NewProducer(c ProducerConfig) (*Producer, error) {
 // partition discovery (which reads batchMaxBytes once per partition) sees
 // it.
 type kgoProducer struct {
-	cl       *kgo.Client
+	// cl is the client; Renew (transactional producers only) replaces it.
+	// A record sent to a client Renew closed fails in its report.
+	cl       atomic.Pointer[kgo.Client]
+	opts     []kgo.Opt // cl's options, for Renew
 	log      *slog.Logger
 	maxBytes int32         // ProducerConfig.MaxMessageBytes (0: none)
 	timeout  time.Duration // the delivery timeout
@@ -250,6 +281,9 @@ type kgoProducer struct {
 	deadline   atomic.Pointer[deadlineContext]
 	deadlineMu sync.Mutex
 	closed     atomic.Bool
+	// onFail, when set (transactional producers), is told of every failed
+	// record's error, on the promise goroutine.
+	onFail func(error)
 	// closeOnce guards close.
 	closeOnce sync.Once
 	// limits maps a topic to its batch cap (int32), the lower of its
@@ -318,7 +352,7 @@ func (k *kgoProducer) send(topic string, partition int32, key, value []byte, hea
 	r.rec = kgo.Record{Topic: topic, Partition: partition, Key: key, Value: value, Headers: headers, Timestamp: ts,
 		Context: k.recordContext()}
 	r.ack, r.done, r.msg = ack, done, msg
-	k.cl.Produce(k.ctx, &r.rec, k.promise)
+	k.cl.Load().Produce(k.ctx, &r.rec, k.promise)
 	return nil
 }
 
@@ -357,6 +391,9 @@ func (k *kgoProducer) report(rec *kgo.Record, err error) {
 		case errors.Is(err, context.DeadlineExceeded):
 			err = fmt.Errorf("%w (%v): %w", ErrDeliveryTimeout, k.timeout, err)
 		}
+		if k.onFail != nil {
+			k.onFail(err)
+		}
 		err = fmt.Errorf("produce %s[%d]: %w", rec.Topic, rec.Partition, err)
 	}
 	if r.msg != nil && err == nil {
@@ -374,8 +411,9 @@ func (k *kgoProducer) report(rec *kgo.Record, err error) {
 
 // flush waits for every record's report, or for ctx.
 func (k *kgoProducer) flush(ctx context.Context) error {
-	if err := k.cl.Flush(ctx); err != nil {
-		return fmt.Errorf("flush producer (%d records in flight): %w", k.cl.BufferedProduceRecords(), err)
+	cl := k.cl.Load()
+	if err := cl.Flush(ctx); err != nil {
+		return fmt.Errorf("flush producer (%d records in flight): %w", cl.BufferedProduceRecords(), err)
 	}
 	return nil
 }
@@ -386,13 +424,14 @@ func (k *kgoProducer) flush(ctx context.Context) error {
 func (k *kgoProducer) close() {
 	k.closeOnce.Do(func() {
 		k.closed.Store(true)
+		cl := k.cl.Load()
 		ctx, cancel := context.WithTimeout(context.Background(), k.timeout+10*time.Second)
-		if err := k.cl.Flush(ctx); err != nil {
-			k.log.Warn("producer closed with records unanswered; they fail", "records", k.cl.BufferedProduceRecords(), "err", err)
+		if err := cl.Flush(ctx); err != nil {
+			k.log.Warn("producer closed with records unanswered; they fail", "records", cl.BufferedProduceRecords(), "err", err)
 		}
 		cancel()
 		k.cancel()
-		k.cl.Close()
+		cl.Close()
 	})
 }
 
@@ -432,7 +471,7 @@ func (k *kgoProducer) learnLimit(topic string) {
 	res.ConfigNames = []string{"max.message.bytes"}
 	req.Resources = append(req.Resources, res)
 	limit := int32(0)
-	resp, err := req.RequestWith(ctx, k.cl)
+	resp, err := req.RequestWith(ctx, k.cl.Load())
 	if err == nil {
 		for _, r := range resp.Resources {
 			if err = kerr.ErrorForCode(r.ErrorCode); err != nil {

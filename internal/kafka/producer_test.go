@@ -84,14 +84,7 @@ func TestRenewAbortsOpenTransactionAndKeepsEveryAnswer(t *testing.T) {
 	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false); err != nil {
 		t.Fatal(err)
 	}
-	cfg := kafka.NewConfig("renew-test", testbroker.Version(t), kafka.TestTimeouts)
-	cfg.Producer.Transaction.ID = topic + "-txn"
-	client, err := sarama.NewClient(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	p, err := kafka.NewTxnProducer(client)
+	p, err := kafka.NewTxnProducer(kafka.ProducerConfig{Brokers: brokers, TransactionalID: topic + "-txn"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,8 +126,8 @@ func TestRenewAbortsOpenTransactionAndKeepsEveryAnswer(t *testing.T) {
 	wg.Wait()
 	// After the renewal no transaction is open: senders are refused until
 	// Begin.
-	if err := p.SendRecord(topic, 0, nil, []byte("outside"), &acks); !errors.Is(err, sarama.ErrTransactionNotReady) {
-		t.Fatalf("send with no transaction open: %v, want ErrTransactionNotReady", err)
+	if err := p.SendRecord(topic, 0, nil, []byte("outside"), &acks); !errors.Is(err, kafka.ErrNoTransaction) {
+		t.Fatalf("send with no transaction open: %v, want ErrNoTransaction", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -172,14 +165,7 @@ func TestRenewAbortsOpenTransactionAndKeepsEveryAnswer(t *testing.T) {
 // Renew after Close fails and leaves the producer closed.
 func TestRenewAfterClose(t *testing.T) {
 	brokers := testbroker.Brokers(t)
-	cfg := kafka.NewConfig("renew-test", testbroker.Version(t), kafka.TestTimeouts)
-	cfg.Producer.Transaction.ID = testbroker.Topic(t, "txn")
-	client, err := sarama.NewClient(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	p, err := kafka.NewTxnProducer(client)
+	p, err := kafka.NewTxnProducer(kafka.ProducerConfig{Brokers: brokers, TransactionalID: testbroker.Topic(t, "txn")})
 	if err != nil {
 		t.Fatal(err)
 	}
