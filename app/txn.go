@@ -59,10 +59,10 @@ type txnCycles struct {
 	last    map[task.Offset]bool        // offsets of the last commit; guarded by mu
 	opened  chan struct{}               // closed when a transaction opens; guarded by mu
 	began   time.Time                   // when the open transaction began; guarded by mu
-	// fenced is set by a renewal after a fence by another producer of the
-	// transactional ID and cleared by the next commit: a second such fence
-	// while it is set stops the worker (zombieRule). Guarded by mu.
-	fenced bool
+	// fences counts the renewals after a fence by another producer of the
+	// transactional ID since the last commit (which resets it): a fence
+	// while it is maxFences stops the worker (zombieRule). Guarded by mu.
+	fences int
 	// handedAt is each running task's Handed count at the last cycle: a
 	// task whose sources handed out nothing since is idle, and only then
 	// does a cycle look for transaction markers to skip (see cycle).
@@ -231,14 +231,29 @@ var ErrTransactionalIDInUse = errors.New("transactional ID in use by another liv
 //   - "failed": any other error (the abort failed, the coordinator could
 //     not be reached): renewed like a fence, not counted as one.
 //
-// A second "fenced" renewal before any transaction of this worker committed
-// since the first means another live process keeps initializing the ID: two
-// workers run with the same data dir (a copied data dir, or one shared by
-// two hosts; Pebble's lock refuses a second process on one host's stores).
-// Renewing again would make the two fence each other for ever, each
-// aborting the other's transactions: the worker stops with
+// A producer that initializes the ID fences this one at once, but its own
+// InitProducerId is answered CONCURRENT_TRANSACTIONS until the broker has
+// aborted this worker's open transaction, and it retries: a renewal made
+// meanwhile is fenced again by that retry (seen on Kafka 4.4 within 0.1 s
+// of the renewal, and 1 run in 2 of TestExactlyOnceSurvivesFencedProducer
+// with a renewal at once). So a fenced worker waits fenceSettle before
+// renewing, and one more fence before a commit is still taken for that
+// retry: a fence after maxFences renewals with no transaction of this
+// worker committed since means another live process keeps initializing the
+// ID: two workers run with the same data dir (a copied data dir, or one
+// shared by two hosts; Pebble's lock refuses a second process on one host's
+// stores). Renewing again would make the two fence each other for ever,
+// each aborting the other's transactions: the worker stops with
 // ErrTransactionalIDInUse instead, and the other process keeps the ID.
-const zombieRule = "a second fence by another producer of the transactional ID before a commit stops the worker"
+const zombieRule = "a third fence by another producer of the transactional ID before a commit stops the worker"
+
+// maxFences is the number of renewals after a fence that zombieRule allows
+// before a commit, and fenceSettle how long a fenced worker waits before it
+// renews (see zombieRule).
+const (
+	maxFences   = 2
+	fenceSettle = 300 * time.Millisecond
+)
 
 // renewLocked replaces the worker's transactional producer with a new one of
 // the same transactional ID (kafka.Producer.Renew: the old one is closed and
@@ -260,19 +275,24 @@ func (x *txnCycles) renewLocked(cause error, age time.Duration) error {
 		reason = "fenced"
 	}
 	id := w.txnID()
-	if reason == "fenced" && x.fenced {
+	if reason == "fenced" && x.fences >= maxFences {
 		w.log.Error("fenced again by another producer of this worker's transactional ID before any commit: another live process uses this data dir's process ID; stopping the worker",
-			"transactional_id", id, "rule", zombieRule, "err", cause)
+			"transactional_id", id, "rule", zombieRule, "fences", x.fences+1, "err", cause)
 		return fmt.Errorf("%w: %s (%s): %w", ErrTransactionalIDInUse, id, zombieRule, cause)
 	}
 	// Renew retries what Kafka calls retriable (the coordinator loading,
 	// moving or busy: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS,
 	// CONCURRENT_TRANSACTIONS) with backoff for up to the delivery timeout
 	// (flushBudget); what is left is a person's to fix.
+	if reason == "fenced" {
+		time.Sleep(fenceSettle)
+	}
 	if err := w.producer.Renew(); err != nil {
 		return fmt.Errorf("renew transactional producer %s: %w (after %w)", id, err, cause)
 	}
-	x.fenced = reason == "fenced"
+	if reason == "fenced" {
+		x.fences++
+	}
 	w.metrics.txn.renewals.WithLabelValues(reason).Inc()
 	w.log.Warn("transactional producer renewed (new epoch); every partition restarts from its committed offsets",
 		"reason", reason, "transactional_id", id, "transaction_age", age, "transaction_timeout", w.txnTimeout(), "err", cause)
@@ -369,7 +389,7 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 			return err // still open: abortLocked aborts it
 		}
 		x.setOpen(false)
-		x.fenced = false
+		x.fences = 0
 		w.metrics.txn.commits.Inc()
 		w.metrics.txn.seconds.Observe(time.Since(start).Seconds())
 		if err := x.beginLocked(); err != nil {

@@ -270,8 +270,11 @@ func TestExactlyOnceSurvivesFencedProducer(t *testing.T) {
 	second := valueRecords("y", 400, keys, want)
 	send(t, brokers, f.words.Name(), second...)
 	waitGroupLag0(t, running, client, id, f.words.Name(), 60*time.Second)
-	if n := f.metric(t, "runnel_transactional_producer_renewals_total", "reason=fenced"); n != 1 {
-		t.Errorf("renewals (fenced) = %v, want 1", n)
+	// One renewal; or two when the fencing producer's InitProducerId, retried
+	// until the broker aborted the worker's transaction, landed after the
+	// first (zombieRule).
+	if n := f.metric(t, "runnel_transactional_producer_renewals_total", "reason=fenced"); n != 1 && n != 2 {
+		t.Errorf("renewals (fenced) = %v, want 1 or 2", n)
 	}
 	if n := f.metric(t, "runnel_transactions_committed_total"); n < 1 {
 		t.Errorf("transactions committed after the renewal: %v", n)
