@@ -830,6 +830,16 @@ func (c *claimProducer) emitBatch(ctx context.Context, msgs []*sarama.ConsumerMe
 				seg = msgs[:i]
 			}
 		}
+		// ExactlyOnce: no more than the transactions' window of records is
+		// unresolved at once (txnCycles.window), so that a cut can wait for
+		// them within the transaction's time.
+		if !hold {
+			n, ok := c.awaitWindow(ctx, len(seg))
+			if !ok {
+				return nil
+			}
+			seg = seg[:n]
+		}
 		// ExactlyOnce: a batch is handed out only inside an open
 		// transaction and never while a cycle runs (txnCycles); one hold
 		// of the gate covers the registration of the whole batch.
@@ -849,6 +859,44 @@ func (c *claimProducer) emitBatch(ctx context.Context, msgs []*sarama.ConsumerMe
 		}
 	}
 	return nil
+}
+
+// awaitWindow waits until fewer records than the transactions' window are
+// unresolved (handed out and not yet resolved) and returns how many of the
+// n next records may go out now (at least 1); ok is false when fetching
+// stopped, a seek back started or ctx ended meanwhile. Without ExactlyOnce
+// it returns n at once.
+func (c *claimProducer) awaitWindow(ctx context.Context, n int) (int, bool) {
+	x := c.pt.w.txn
+	if x == nil {
+		return n, true
+	}
+	defer c.wakeOnDone(ctx)()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		switch {
+		case ctx.Err() != nil, c.rewind >= 0, c.halted, c.closed, c.stopped():
+			return 0, false
+		}
+		if room := x.window.Load() - c.unresolvedLocked(); room > 0 {
+			return int(min(int64(n), room)), true
+		}
+		c.cond.Wait() // Advance broadcasts as records resolve
+	}
+}
+
+// unresolvedLocked is the number of offsets handed out and not yet
+// resolved. Guarded by mu.
+func (c *claimProducer) unresolvedLocked() int64 {
+	return max(c.nextFetch-c.wm.Next(), 0)
+}
+
+// unresolved is unresolvedLocked for other goroutines.
+func (c *claimProducer) unresolved() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.unresolvedLocked()
 }
 
 // cycleBefore runs a commit cycle of the task up to the failed record, the

@@ -44,6 +44,9 @@ type fenceApp struct {
 
 	stallValue string
 	stall      time.Duration
+	// delay is how long each record takes (a slow agent, or one starved of
+	// CPU); set before the worker starts.
+	delay time.Duration
 	stalled    atomic.Int32 // deliveries of stallValue that stalled
 }
 
@@ -64,6 +67,9 @@ func newFenceApp(t *testing.T, id string, opts ...app.Option) *fenceApp {
 	f.counts = table.New(f.app, "counts", codec.String(), codec.DecimalInt64())
 	agent.New(f.app, "count", f.words, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
+			if f.delay > 0 {
+				time.Sleep(f.delay)
+			}
 			if _, err := f.counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
 				return err
 			}
