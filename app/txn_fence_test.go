@@ -46,8 +46,8 @@ type fenceApp struct {
 	stall      time.Duration
 	// delay is how long each record takes (a slow agent, or one starved of
 	// CPU); set before the worker starts.
-	delay time.Duration
-	stalled    atomic.Int32 // deliveries of stallValue that stalled
+	delay   time.Duration
+	stalled atomic.Int32 // deliveries of stallValue that stalled
 }
 
 func newFenceApp(t *testing.T, id string, opts ...app.Option) *fenceApp {
