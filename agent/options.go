@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"log/slog"
 
 	"github.com/runnel-dev/runnel/table"
 )
@@ -42,6 +43,10 @@ func (p ErrorPolicy) String() string {
 	}
 	return fmt.Sprintf("ErrorPolicy(%d)", int(p))
 }
+
+// LogValue makes slog print the name in JSON logs too (the JSON handler
+// would print the number: it does not call String).
+func (p ErrorPolicy) LogValue() slog.Value { return slog.StringValue(p.String()) }
 
 // Settings are an agent's per-agent options, as the worker reads them.
 type Settings struct {
