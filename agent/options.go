@@ -64,6 +64,9 @@ type Settings struct {
 	// Lookups are the tables the agent reads by the record's key (Lookup):
 	// the App checks that each is co-partitioned with the agent's topic.
 	Lookups []table.Def
+	// Effects name the effects the agent applies, as declared with
+	// Applies: `replay --effect` refuses another name before reading.
+	Effects []string
 }
 
 // Option configures an agent (see New).
@@ -100,6 +103,19 @@ func WritesTo(tables ...table.Def) Option {
 	return func(s *Settings) {
 		for _, t := range tables {
 			s.Tables = append(s.Tables, t.Name())
+		}
+	}
+}
+
+// Applies declares the effects the agent calls (Effect.Apply), so that
+// `replay --effect NAME` refuses a name the agent does not apply at once,
+// before planning and reading the range, instead of after the replay ran
+// (replay.ErrEffectUnused). Like SendsTo, the declaration is not enforced:
+// an undeclared effect still applies.
+func Applies(effects ...*Effect) Option {
+	return func(s *Settings) {
+		for _, e := range effects {
+			s.Effects = append(s.Effects, e.Name())
 		}
 	}
 }
