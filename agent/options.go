@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"log/slog"
 
 	"github.com/runnel-dev/runnel/table"
 )
@@ -43,6 +44,10 @@ func (p ErrorPolicy) String() string {
 	return fmt.Sprintf("ErrorPolicy(%d)", int(p))
 }
 
+// LogValue makes slog print the name in JSON logs too (the JSON handler
+// would print the number: it does not call String).
+func (p ErrorPolicy) LogValue() slog.Value { return slog.StringValue(p.String()) }
+
 // Settings are an agent's per-agent options, as the worker reads them.
 type Settings struct {
 	// OnError is the agent's error policy; default Restart.
@@ -59,6 +64,9 @@ type Settings struct {
 	// Lookups are the tables the agent reads by the record's key (Lookup):
 	// the App checks that each is co-partitioned with the agent's topic.
 	Lookups []table.Def
+	// Effects name the effects the agent applies, as declared with
+	// Applies: `replay --effect` refuses another name before reading.
+	Effects []string
 }
 
 // Option configures an agent (see New).
@@ -95,6 +103,19 @@ func WritesTo(tables ...table.Def) Option {
 	return func(s *Settings) {
 		for _, t := range tables {
 			s.Tables = append(s.Tables, t.Name())
+		}
+	}
+}
+
+// Applies declares the effects the agent calls (Effect.Apply), so that
+// `replay --effect NAME` refuses a name the agent does not apply at once,
+// before planning and reading the range, instead of after the replay ran
+// (replay.ErrEffectUnused). Like SendsTo, the declaration is not enforced:
+// an undeclared effect still applies.
+func Applies(effects ...*Effect) Option {
+	return func(s *Settings) {
+		for _, e := range effects {
+			s.Effects = append(s.Effects, e.Name())
 		}
 	}
 }

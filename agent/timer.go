@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -37,6 +38,10 @@ func (c Clock) String() string {
 	}
 	return fmt.Sprintf("Clock(%d)", int(c))
 }
+
+// LogValue makes slog print the name in JSON logs too (the JSON handler
+// would print the number: it does not call String).
+func (c Clock) LogValue() slog.Value { return slog.StringValue(c.String()) }
 
 // TimerFunc is a timer's body: it runs on one partition of the agent's topic
 // with tick as its event. Table writes made with tick go to the partition's

@@ -311,6 +311,15 @@ func (c Config) rebalanceProtocol() sarama.RebalanceProtocol {
 	return sarama.RebalanceProtocolCooperative
 }
 
+// rebalanceProtocolName is the protocol as RUNNEL_REBALANCE_PROTOCOL names
+// it (sarama.RebalanceProtocol has no name of its own: logs would show 1).
+func (c Config) rebalanceProtocolName() string {
+	if c.eager {
+		return "eager"
+	}
+	return "cooperative"
+}
+
 // Redelivery bounds how often a failed record is redelivered and how long the
 // source waits before each redelivery (docs/semantics.md).
 type Redelivery struct {
@@ -778,12 +787,7 @@ var settings = []setting{
 				}
 				return nil
 			},
-			getF: func(c *Config) string {
-				if c.eager {
-					return "eager"
-				}
-				return "cooperative"
-			},
+			getF: func(c *Config) string { return c.rebalanceProtocolName() },
 		}},
 	{name: "HTTPAddr", option: "WithHTTPAddr", env: "RUNNEL_HTTP_ADDR", flag: "http-addr", worker: true,
 		def: "none (no HTTP server)", unit: "host:port; no host: localhost only",

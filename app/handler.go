@@ -46,7 +46,7 @@ type restoreGate struct {
 
 func (h *handler) Setup(sess sarama.ConsumerGroupSession) error {
 	w := h.w
-	w.log.Info("session started", "generation", sess.GenerationID(), "member", sess.MemberID(), "claims", fmtParts(sess.Claims()))
+	w.log.Info("session started", "generation", sess.GenerationID(), "member", sess.MemberID(), "claims", topicParts(sess.Claims()))
 	if w.txn != nil {
 		w.txn.setSession(sess)
 	}

@@ -175,7 +175,51 @@ func newMetrics(w *Worker) *metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&workerCollector{w: w})
 	m.txn = newTxnMetrics(m.reg)
+	m.presetSeries(w)
 	return m
+}
+
+// presetSeries creates, at 0, the series of every counter for the label
+// values the topology knows (each agent's source topic, declared sinks and
+// timers, each table, each task state), so that a counter has a series from
+// the worker's start instead of from its first event: an alert on
+// `increase(runnel_ack_timeouts_total[5m]) > 0` or a dashboard's rate has
+// something to match before the first ack timeout.
+func (m *metrics) presetSeries(w *Worker) {
+	for _, a := range w.graph.Agents {
+		if a.Source == "" {
+			continue
+		}
+		m.committed.WithLabelValues(a.Source)
+		m.restarts.WithLabelValues(a.Source)
+		m.processed.WithLabelValues(a.Source, a.Name)
+		m.retried.WithLabelValues(a.Source, a.Name)
+		m.ackTimeouts.WithLabelValues(a.Source, a.Name)
+		if a.DeadLetterTopic != "" {
+			m.deadLetters.WithLabelValues(a.Source, a.Name)
+		}
+		for _, sink := range a.Sinks {
+			m.sent.WithLabelValues(sink, a.Name)
+		}
+	}
+	for _, r := range w.app.agents {
+		for _, tm := range r.Settings().Timers {
+			m.timerFirings.WithLabelValues(r.Name(), timerClock(tm))
+		}
+	}
+	for _, d := range w.app.tables {
+		m.restored.WithLabelValues(d.Name())
+		if !isGlobal(d) { // a global table has no write cache and no claims
+			m.startMismatch.WithLabelValues(d.Name())
+			m.cacheFlushes.WithLabelValues(d.Name())
+		}
+	}
+	for _, s := range []string{TaskRunning, TaskRestarting, TaskSuspending, TaskAbandoned, TaskClosed} {
+		m.taskTransitions.WithLabelValues(s)
+	}
+	for _, reason := range []string{"fenced", "timeout", "failed"} { // txn.go's renewal reasons
+		m.txn.renewals.WithLabelValues(reason)
+	}
 }
 
 // advanced counts n source records resolved on topic by each of agents.

@@ -3,6 +3,7 @@ package app
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -228,13 +229,33 @@ func (a *App) assignmentCommand() *cobra.Command {
 		Use:   "plan",
 		Short: "Print the assignor's plan for a cluster described in JSON (no broker needed)",
 		Long: "Reads a cluster description (members with their previous actives and standbys, topics, changelogs,\n" +
-			"replicas; docs/assignment.md) from --file or stdin, or with --brokers from the app's live consumer\n" +
-			"group (DescribeGroups: each member's subscription and assignment; highwaters of the changelogs),\n" +
-			"optionally adds or removes members, and prints the plan and every partition that moves as JSON.",
+			"replicas; docs/assignment.md) from --file (- for stdin) or piped stdin, or, with --brokers or\n" +
+			"RUNNEL_BROKERS, from the app's live consumer group (DescribeGroups: each member's subscription and\n" +
+			"assignment; highwaters of the changelogs), optionally adds or removes members, and prints the plan\n" +
+			"and every partition that moves as JSON.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Where the cluster comes from: --file (- for stdin); else the
+			// live group when brokers are named (--brokers or
+			// RUNNEL_BROKERS; not WithBrokers, which every app may carry);
+			// else stdin, unless it is a terminal nobody is typing into.
 			var r io.Reader = cmd.InOrStdin()
-			if cmd.Flags().Changed("brokers") {
+			brokersFlag := cmd.Flags().Changed("brokers")
+			switch {
+			case file != "" && brokersFlag:
+				return errors.New("assignment plan: --file and --brokers: give one (a described cluster, or the live group)")
+			case file == "-":
+				if isTerminal(r) {
+					fmt.Fprintln(cmd.ErrOrStderr(), "assignment plan: reading the cluster description (JSON, docs/assignment.md) from the terminal; end it with Ctrl-D")
+				}
+			case file != "":
+				f, err := os.Open(file)
+				if err != nil {
+					return fmt.Errorf("assignment plan: %w", err)
+				}
+				defer f.Close()
+				r = f
+			case brokersFlag || os.Getenv("RUNNEL_BROKERS") != "":
 				// The live group: its members' state from DescribeGroups.
 				in, err := a.liveGroupInput()
 				if err != nil {
@@ -245,17 +266,9 @@ func (a *App) assignmentCommand() *cobra.Command {
 					return fmt.Errorf("assignment plan: %w", err)
 				}
 				r = bytes.NewReader(b)
-			} else if file != "" && file != "-" {
-				f, err := os.Open(file)
-				if err != nil {
-					return fmt.Errorf("assignment plan: %w", err)
-				}
-				defer f.Close()
-				r = f
-			} else if f, ok := r.(*os.File); ok {
-				if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-					fmt.Fprintln(cmd.ErrOrStderr(), "assignment plan: reading the cluster description (JSON, docs/assignment.md) from the terminal; end it with Ctrl-D, or use --file, or --brokers to read the live group")
-				}
+			case isTerminal(r):
+				return errors.New("assignment plan: nothing to plan: give --brokers (or RUNNEL_BROKERS) to read the app's live group, " +
+					"or --file FILE (or the JSON on stdin) for a described cluster (docs/assignment.md)")
 			}
 			out, err := PlanFromJSON(r, what)
 			if err != nil {
@@ -272,6 +285,19 @@ func (a *App) assignmentCommand() *cobra.Command {
 	plan.Flags().BoolVar(&what.Cooperative, "cooperative", false, "plan for the cooperative protocol: moves from a member that runs the partition now are withheld (pending)")
 	cmd.AddCommand(plan)
 	return cmd
+}
+
+// isTerminal reports whether r is a terminal (a character device): stdin
+// that nobody pipes into. A variable for tests.
+var isTerminal = terminalStdin
+
+func terminalStdin(r io.Reader) bool {
+	f, ok := r.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 // liveGroupInput describes the app's consumer group on its brokers

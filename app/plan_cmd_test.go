@@ -3,7 +3,9 @@ package app
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -67,5 +69,31 @@ func TestAssignmentPlanCommand(t *testing.T) {
 	}
 	if n := len(coop.Members["w1"].Actives["orders"]); n != 1 {
 		t.Fatalf("cooperative: w1 keeps %d, want 1 (the other is revoked)", n)
+	}
+}
+
+// Without --file, --brokers nor RUNNEL_BROKERS, and stdin a terminal,
+// `assignment plan` fails at once, naming the ways to give a cluster,
+// instead of waiting for JSON typed in; --file with --brokers is an error.
+func TestAssignmentPlanNeedsInput(t *testing.T) {
+	t.Setenv("RUNNEL_BROKERS", "")
+	isTerminal = func(io.Reader) bool { return true }
+	t.Cleanup(func() { isTerminal = terminalStdin })
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "nothing to plan: give --brokers (or RUNNEL_BROKERS)"},
+		{[]string{"--file", "testdata/assignment-cluster.json", "--brokers", "127.0.0.1:1"}, "--file and --brokers: give one"},
+	} {
+		cmd := New("plan-cmd-test").Command()
+		cmd.SetOut(io.Discard)
+		cmd.SetErr(io.Discard)
+		cmd.SetIn(strings.NewReader(""))
+		cmd.SetArgs(append([]string{"assignment", "plan"}, c.args...))
+		err := cmd.Execute()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("assignment plan %v: %v, want an error containing %q", c.args, err, c.want)
+		}
 	}
 }

@@ -20,7 +20,8 @@ import (
 // (its members' subscriptions and assignments, the changelogs'
 // highwaters) and plans it: with nothing added or removed the plan is the
 // members' current assignment and nothing moves; with --add 1 the
-// newcomer gets its share.
+// newcomer gets its share. RUNNEL_BROKERS names the group's brokers as
+// --brokers does: stdin is not read.
 func TestPlanLiveGroup(t *testing.T) {
 	brokers := testbroker.Brokers(t)
 	id := testbroker.Topic(t, "planlive")
@@ -83,5 +84,24 @@ func TestPlanLiveGroup(t *testing.T) {
 	nw := po.Members["new-1"]
 	if got := len(nw.Actives[topic]) + len(nw.Pending[topic]); got != 2 || po.MovedTasks != 2 {
 		t.Fatalf("with --add 1 the newcomer gets %d partitions of %s (%d tasks move), want 2 (%+v)", got, topic, po.MovedTasks, po)
+	}
+
+	t.Setenv("RUNNEL_BROKERS", strings.Join(brokers, ","))
+	pa, _ := newApp()
+	cmd := pa.Command()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetIn(strings.NewReader("")) // read, it would be no JSON
+	cmd.SetArgs([]string{"assignment", "plan"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatalf("RUNNEL_BROKERS=%s assignment plan: %v (%s)", strings.Join(brokers, ","), err, errOut.String())
+	}
+	var env app.PlanOutput
+	if err := json.Unmarshal(out.Bytes(), &env); err != nil {
+		t.Fatalf("output %q: %v", out.String(), err)
+	}
+	if len(env.Members) != 1 || !reflect.DeepEqual(env.Members[cur.MemberID].Actives, cur.Actives) {
+		t.Fatalf("plan with RUNNEL_BROKERS: %+v, want member %s keeping %v", env, cur.MemberID, cur.Actives)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -54,6 +55,9 @@ partition got, when the idle timeout or the deadline expires.`,
 			}
 			if effect == "" {
 				return fmt.Errorf("--effect is required: the one effect of agent %s that the replay applies", agentName)
+			}
+			if declared := target.Settings().Effects; len(declared) > 0 && !slices.Contains(declared, effect) {
+				return fmt.Errorf("--effect %q: agent %s applies no such effect (declared with agent.Applies: %s)", effect, agentName, strings.Join(declared, ", "))
 			}
 			spec := replay.Spec{Topic: target.Topic(), Group: group, LiveGroup: a.id, ReadCommitted: readCommitted}
 			var err error

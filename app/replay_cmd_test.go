@@ -201,3 +201,35 @@ func TestReplayCommand(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// An agent that declares its effects (agent.Applies) has `replay --effect`
+// checked before anything connects: a name it does not apply is refused at
+// once, naming the ones it does (the brokers here answer nothing).
+func TestReplayRefusesUndeclaredEffect(t *testing.T) {
+	a := app.New("replay-effect-check", app.WithBrokers("127.0.0.1:1"))
+	events := app.Topic(a, "events", codec.String(), codec.String(), app.Partitions(1))
+	audit, notify := agent.NewEffect("audit"), agent.NewEffect("notify")
+	agent.New(a, "auditor", events, func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for ev := range s.Events() {
+			if _, err := audit.Apply(ev, func() (bool, error) { return true, nil }); err != nil {
+				return err
+			}
+			if _, err := notify.Apply(ev, func() (bool, error) { return true, nil }); err != nil {
+				return err
+			}
+		}
+		return s.Err()
+	}, agent.Applies(audit, notify))
+	cmd := a.Command()
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SetErr(&bytes.Buffer{})
+	cmd.SetArgs([]string{"replay", "--no-progress", "--log-level", "error", "--agent", "auditor", "--effect", "audti", "--day", "2026-03-10"})
+	start := time.Now()
+	err := cmd.ExecuteContext(context.Background())
+	if want := `--effect "audti": agent auditor applies no such effect (declared with agent.Applies: audit, notify)`; err == nil || err.Error() != want {
+		t.Fatalf("replay --effect audti: %v\nwant %s", err, want)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("the refusal took %v: it should come before connecting", d)
+	}
+}

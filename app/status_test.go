@@ -16,6 +16,7 @@ import (
 
 	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/internal/testbroker"
+	"github.com/runnel-dev/runnel/internal/testtool"
 )
 
 // statusCluster runs two workers of one opsApp (two declarations of the same
@@ -257,10 +258,7 @@ func TestStatusTwoWorkers(t *testing.T) {
 // with this worker marked, and a running task per partition of the worker.
 func chromiumPage(t *testing.T, addr string, s app.Status) {
 	t.Helper()
-	bin, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Fatalf("the status page test needs Debian's chromium (apt-get install chromium; .ci/run installs it): %v", err)
-	}
+	bin := testtool.LookPath(t, "chromium", "chromium", "apt-get install chromium")
 	args := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
 		"--disable-background-networking", "--disable-component-update", "--disable-sync",
 		"--user-data-dir=" + t.TempDir(), "--virtual-time-budget=4000"}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -491,7 +490,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	// After a restart, report the assignment this worker last held, so that
 	// a group restarting as a whole gives members their partitions back.
 	if a, ok := w.loadAssignment(); ok && w.strategy.Restore(a) {
-		w.log.Info("reporting the assignment persisted in the data dir", "generation", a.Generation, "actives", fmtParts(a.Actives))
+		w.log.Info("reporting the assignment persisted in the data dir", "generation", a.Generation, "actives", topicParts(a.Actives))
 	}
 	// A warm-up that caught up asks for the follow-up rebalance at once
 	// (KIP-441), instead of waiting for the probing rebalance.
@@ -552,7 +551,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	}
 
 	topics := w.graph.Subscriptions()
-	w.log.Info("worker joining group", "group", w.app.id, "topics", topics, "brokers", brokers, "protocol", w.cfg.rebalanceProtocol(),
+	w.log.Info("worker joining group", "group", w.app.id, "topics", topics, "brokers", brokers, "protocol", w.cfg.rebalanceProtocolName(),
 		"security", w.sec.Protocol(), "sasl", w.sec.SASL)
 	h := &handler{w: w}
 	for ctx.Err() == nil {
@@ -677,7 +676,7 @@ func (w *Worker) onAssignment(a assignor.Assignment) {
 	}
 	w.metrics.assigned(a)
 	w.log.Info("assignment", "generation", a.Generation, "leader", a.Leader,
-		"actives", fmtParts(a.Actives), "standbys", fmtParts(a.Standbys), "warmups", fmtParts(a.Warmups), "pending", fmtParts(a.Pending))
+		"actives", topicParts(a.Actives), "standbys", topicParts(a.Standbys), "warmups", topicParts(a.Warmups), "pending", topicParts(a.Pending))
 }
 
 // assignmentFile is where a worker keeps its last assignment (JSON), so that
@@ -711,22 +710,6 @@ func (w *Worker) loadAssignment() (assignor.Assignment, bool) {
 		return a, false
 	}
 	return a, true
-}
-
-func fmtParts(m map[string][]int32) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var b strings.Builder
-	for _, k := range keys {
-		if len(m[k]) == 0 {
-			continue
-		}
-		fmt.Fprintf(&b, "%s%v ", k, m[k])
-	}
-	return strings.TrimSpace(b.String())
 }
 
 // tablePart is the lifecycle of one table partition on this worker: active

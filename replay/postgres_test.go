@@ -13,11 +13,14 @@ import (
 	"time"
 
 	_ "github.com/lib/pq"
+
+	"github.com/runnel-dev/runnel/internal/testtool"
 )
 
 // TestSQLOncePostgres is TestSQLOnce against a real PostgreSQL server that
 // the test starts (initdb and pg_ctl of the Debian package `postgresql`, in a
 // fresh directory on a free port; as root, through runuser -u postgres).
+// Without PostgreSQL it skips, unless RUNNEL_REQUIRE_POSTGRESQL=1 (CI).
 func TestSQLOncePostgres(t *testing.T) {
 	testSQLOnce(t, startPostgres(t))
 }
@@ -32,7 +35,7 @@ func pgBin(t *testing.T, name string) string {
 	if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin/" + name); len(m) > 0 {
 		return m[len(m)-1]
 	}
-	t.Fatalf("PostgreSQL's %s not found: install the Debian package postgresql (.ci/run does)", name)
+	testtool.Missing(t, "postgresql", name+" not found on PATH nor in /usr/lib/postgresql/*/bin", "apt-get install postgresql")
 	return ""
 }
 
@@ -51,7 +54,7 @@ func startPostgres(t *testing.T) *sql.DB {
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
-			t.Fatalf("running as root and no postgres user: %v", err)
+			testtool.Missing(t, "postgresql", "running as root and no postgres user to run the server as ("+err.Error()+")", "apt-get install postgresql creates it")
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)

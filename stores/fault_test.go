@@ -15,6 +15,8 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+
+	"github.com/runnel-dev/runnel/internal/testtool"
 )
 
 // faultBatch is batch n of the fault tests: one put of key n (a new key
@@ -107,7 +109,7 @@ func diskFull(t *testing.T, memTable uint64) {
 	mnt := filepath.Join(t.TempDir(), "mnt")
 	must(t, os.Mkdir(mnt, 0o755))
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", mnt).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs (needs root): %v: %s", err, out)
+		testtool.Missing(t, "tmpfs", fmt.Sprintf("cannot mount a tmpfs (needs root): %v: %s", err, bytes.TrimSpace(out)), "run as root where mount is allowed")
 	}
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
 	dir := filepath.Join(mnt, "store")

@@ -3,6 +3,7 @@ package table
 import (
 	"bytes"
 	"fmt"
+	"log/slog"
 
 	"github.com/runnel-dev/runnel/codec"
 	"github.com/runnel-dev/runnel/internal/kafka"
@@ -57,6 +58,10 @@ func (k JoinKind) String() string {
 	}
 	return fmt.Sprintf("JoinKind(%d)", int(k))
 }
+
+// LogValue makes slog print the name in JSON logs too (the JSON handler
+// would print the number: it does not call String).
+func (k JoinKind) LogValue() slog.Value { return slog.StringValue(k.String()) }
 
 // Side is one table's value for a key in a join: Value is meaningful when
 // OK (the table holds the key).

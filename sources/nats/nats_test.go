@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -18,20 +17,15 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/runnel-dev/runnel/agent/source"
+	"github.com/runnel-dev/runnel/internal/testtool"
 )
 
 // startServer starts a real nats-server (Debian package nats-server) with
-// JetStream in a temporary directory on a free loopback port. Outside CI a
-// missing binary skips the test; in CI (env CI set) it fails.
+// JetStream in a temporary directory on a free loopback port. A missing
+// binary skips the test unless RUNNEL_REQUIRE_NATS_SERVER=1 (CI) fails it.
 func startServer(t *testing.T) string {
 	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		if os.Getenv("CI") == "" {
-			t.Skip("nats-server not installed (apt-get install -y nats-server)")
-		}
-		t.Fatalf("nats-server not installed in CI: %v", err)
-	}
+	bin := testtool.LookPath(t, "nats-server", "nats-server", "apt-get install nats-server")
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package procs
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/testbroker"
+	"github.com/runnel-dev/runnel/internal/testtool"
 )
 
 // TestDiskFullWorker runs a worker process whose data dir lies on a small
@@ -24,7 +26,7 @@ import (
 // exact: nothing lost, nothing counted twice. Needs root (mount).
 func TestDiskFullWorker(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("mounting a small tmpfs needs root")
+		testtool.Missing(t, "tmpfs", "mounting a small tmpfs needs root", "run the test as root")
 	}
 	cl := newCluster(t, "diskfull")
 	mnt := filepath.Join(t.TempDir(), "fs")
@@ -32,7 +34,7 @@ func TestDiskFullWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", mnt).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v\n%s", err, out)
+		testtool.Missing(t, "tmpfs", fmt.Sprintf("mount tmpfs: %v: %s", err, bytes.TrimSpace(out)), "run as root where mount is allowed")
 	}
 	t.Cleanup(func() {
 		if out, err := exec.Command("umount", "-l", mnt).CombinedOutput(); err != nil {
