@@ -91,6 +91,9 @@ func (h *handler) Cleanup(sess sarama.ConsumerGroupSession) error {
 // sessionCommit commits the session's marked offsets (Sarama), ordered with
 // the commit cycles' own commits (Worker.commitMu).
 func (w *Worker) sessionCommit(sess sarama.ConsumerGroupSession) {
+	if w.txn != nil {
+		return // ExactlyOnce: only the transactions commit offsets (partition.markOffset)
+	}
 	w.commitMu.Lock()
 	defer w.commitMu.Unlock()
 	sess.Commit()

@@ -186,6 +186,9 @@ func newMetrics(w *Worker) *metrics {
 // `increase(runnel_ack_timeouts_total[5m]) > 0` or a dashboard's rate has
 // something to match before the first ack timeout.
 func (m *metrics) presetSeries(w *Worker) {
+	if w.graph == nil {
+		return // a worker built by a package test without a topology
+	}
 	for _, a := range w.graph.Agents {
 		if a.Source == "" {
 			continue

@@ -187,6 +187,17 @@ func (pt *partition) deadLetters() *deadLettered {
 	return &pt.dead
 }
 
+// markOffset marks next, the offset of the next record to read, for the
+// session's commit: at-least-once only. Under ExactlyOnce only the
+// transactions commit group offsets (TxnOffsetCommit, txnCycles.cycle): a
+// session commit beside them was a second writer of the group's offsets,
+// one that could move an offset back below what a transaction committed.
+func (pt *partition) markOffset(next int64) {
+	if pt.w.txn == nil {
+		pt.sess.MarkOffset(pt.topic, pt.p, next, "")
+	}
+}
+
 type agentResult struct {
 	r   agent.Runner
 	sub *source.Subscription
@@ -1142,7 +1153,7 @@ func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem)
 		c.mu.Unlock()
 		if mark {
 			// Kafka commits the offset of the next record to read.
-			pt.sess.MarkOffset(pt.topic, pt.p, next, "")
+			pt.markOffset(next)
 			pt.w.metrics.position(pt.topic, pt.p, next)
 			pt.dead.prune(next)
 		}
@@ -1301,7 +1312,7 @@ func (c *claimProducer) Committable(boundary int64) {
 	c.cond.Broadcast() // cycleBefore waits for flushed
 	c.mu.Unlock()
 	if mark {
-		c.pt.sess.MarkOffset(c.pt.topic, c.pt.p, next, "")
+		c.pt.markOffset(next)
 		c.pt.w.metrics.position(c.pt.topic, c.pt.p, next)
 		c.pt.dead.prune(next)
 	}

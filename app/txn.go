@@ -453,16 +453,13 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 		x.fences = 0
 		w.metrics.txn.commits.Inc()
 		w.metrics.txn.seconds.Observe(time.Since(start).Seconds())
-		if err := x.beginLocked(); err != nil {
-			return fmt.Errorf("begin the next transaction: %w", err)
-		}
 		x.last = make(map[task.Offset]bool, len(offs))
 		for _, o := range offs {
 			x.last[o] = true
-			if sess != nil {
-				sess.MarkOffset(o.Topic, o.Partition, o.Offset, "")
-			}
 		}
+		// The next transaction begins after Together applied this one
+		// (below): a failure to begin must not read as a failed commit,
+		// which would drop the cycles of a committed transaction.
 		return nil
 	}
 	// The cut may wait until the transaction's cut deadline (sources are
@@ -472,6 +469,16 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 	deadline := x.began.Add(w.cutDeadline())
 	cut := max(w.cutBudget(), time.Until(deadline))
 	st, err := task.Together(ctx, tasks, cut, commit)
+	if !x.open && !errors.Is(err, task.ErrAbandoned) {
+		// Committed (or nothing to commit was found with the transaction
+		// already closed): begin the next one. A producer that cannot
+		// begin is handled as an abort is: every task abandoned, the
+		// producer renewed if it must be, the next transaction begun
+		// once they closed.
+		if berr := x.beginLocked(); berr != nil {
+			x.abortLocked(fmt.Errorf("begin the next transaction: %w", berr))
+		}
+	}
 	switch {
 	case err == nil:
 		x.adapt(st.Cut, held)
