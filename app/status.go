@@ -115,6 +115,10 @@ type Status struct {
 	Lag        []PartitionLag  `json:"lag"`
 	StandbyLag []StandbyLag    `json:"standby_lag"`
 	Restores   []RestoreStatus `json:"restores"`
+	// TablePartitions are the table partitions this worker holds a copy
+	// of, with their role (active, restoring, standby, warmup, pending) and
+	// restored offset against the changelog's end.
+	TablePartitions []TablePartitionStatus `json:"table_partitions"`
 	// Rebalances are the latest rebalances this worker took part in, newest
 	// first.
 	Rebalances  []RebalanceEvent   `json:"rebalances"`
@@ -167,7 +171,8 @@ func (w *Worker) Status() Status {
 	a := w.Assignment()
 	s := Status{App: w.app.id, ProcessID: w.procID, HTTPAddr: w.cfg.HTTPAddr, Ready: w.Ready(),
 		Assignment: viewAssignment(a), Tasks: w.Tasks(), Lag: w.metrics.lags(), StandbyLag: w.standbyLags(),
-		Processed: w.Processed(), Retried: w.Retried(), DeadLettered: w.DeadLettered()}
+		Processed: w.Processed(), Retried: w.Retried(), DeadLettered: w.DeadLettered(),
+		TablePartitions: w.tablePartitions()}
 	if s.StandbyLag == nil {
 		s.StandbyLag = []StandbyLag{}
 	}
