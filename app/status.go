@@ -22,7 +22,7 @@ var web embed.FS
 
 // httpMux returns the worker's HTTP handlers (docs/http-api.md): /healthz,
 // /readyz, /metrics, the status page at /, /api/status, /api/assignment,
-// /api/tables/{table}/{key} (global_http.go), and /debug/pprof/ when
+// /api/tables/{table}/{key} (tables_http.go), and /debug/pprof/ when
 // Config.Pprof is set. Every JSON key is snake_case.
 func (w *Worker) httpMux() *http.ServeMux {
 	mux := http.NewServeMux()
@@ -35,7 +35,7 @@ func (w *Worker) httpMux() *http.ServeMux {
 		fmt.Fprintln(rw, "ready")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
-	w.serveTables(mux) // GET /api/tables/{table}/{key} (global_http.go)
+	w.serveTables(mux) // GET /api/tables/{table}/{key} (tables_http.go)
 	mux.HandleFunc("GET /api/assignment", func(rw http.ResponseWriter, _ *http.Request) {
 		writeJSON(rw, struct {
 			Assignment AssignmentView `json:"assignment"`
