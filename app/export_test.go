@@ -25,3 +25,19 @@ func Execute(ctx context.Context, a *App, stderr io.Writer, args ...string) int 
 	cmd.SetArgs(args)
 	return a.execute(ctx, cmd)
 }
+
+// HoldRestores installs a hook that makes every activation's restore wait,
+// before it reads the committed offsets and the changelog, while hold
+// reports true (polled every 10 ms, at most 60 s): the partition stays
+// restoring. It returns the function that removes the hook; install it
+// before the test starts its first worker and remove it after the last one
+// stopped (the hook is a package variable the workers read unsynchronized).
+// Tests that call it must not run in parallel.
+func HoldRestores(hold func() bool) (remove func()) {
+	testRestoreOffsets = func(map[string]map[int32]int64) {
+		for deadline := time.Now().Add(60 * time.Second); hold() && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return func() { testRestoreOffsets = nil }
+}

@@ -389,8 +389,8 @@ func TestGlobalTableThreeWorkers(t *testing.T) {
 			t.Fatalf("GET counts/%s on %s = %d %+v, want 200 value %d", k, rw.dir, code, a, pr.count[k])
 		}
 	}
-	if code, a := getJSON(t, "http://"+w3.g.addr+"/api/tables/counts/"+k+"?forward=0"); code != http.StatusNotFound || a.Owner != owner(k).g.addr {
-		t.Fatalf("GET counts/%s?forward=0 on non-owner w3 = %d %+v, want 404 owner %s", k, code, a, owner(k).g.addr)
+	if code, a := getJSON(t, "http://"+w3.g.addr+"/api/tables/counts/"+k+"?forward=0"); code != http.StatusServiceUnavailable || a.Reason != app.ReasonNotOwner || a.Owner != owner(k).g.addr {
+		t.Fatalf("GET counts/%s?forward=0 on non-owner w3 = %d %+v, want 503 not-owner, owner %s", k, code, a, owner(k).g.addr)
 	}
 	if code, _ := getJSON(t, "http://"+w3.g.addr+"/api/tables/latest/no-such-key"); code != http.StatusNotFound {
 		t.Fatalf("GET of an absent key = %d, want 404", code)

@@ -22,7 +22,7 @@ var web embed.FS
 
 // httpMux returns the worker's HTTP handlers (docs/http-api.md): /healthz,
 // /readyz, /metrics, the status page at /, /api/status, /api/assignment,
-// /api/tables/{table}/{key} (global_http.go), and /debug/pprof/ when
+// /api/tables/{table}/{key} (tables_http.go), and /debug/pprof/ when
 // Config.Pprof is set. Every JSON key is snake_case.
 func (w *Worker) httpMux() *http.ServeMux {
 	mux := http.NewServeMux()
@@ -35,7 +35,7 @@ func (w *Worker) httpMux() *http.ServeMux {
 		fmt.Fprintln(rw, "ready")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
-	w.serveTables(mux) // GET /api/tables/{table}/{key} (global_http.go)
+	w.serveTables(mux) // GET /api/tables/{table}/{key} (tables_http.go)
 	mux.HandleFunc("GET /api/assignment", func(rw http.ResponseWriter, _ *http.Request) {
 		writeJSON(rw, struct {
 			Assignment AssignmentView `json:"assignment"`
@@ -115,6 +115,10 @@ type Status struct {
 	Lag        []PartitionLag  `json:"lag"`
 	StandbyLag []StandbyLag    `json:"standby_lag"`
 	Restores   []RestoreStatus `json:"restores"`
+	// TablePartitions are the table partitions this worker holds a copy
+	// of, with their role (active, restoring, standby, warmup, pending) and
+	// restored offset against the changelog's end.
+	TablePartitions []TablePartitionStatus `json:"table_partitions"`
 	// Rebalances are the latest rebalances this worker took part in, newest
 	// first.
 	Rebalances  []RebalanceEvent   `json:"rebalances"`
@@ -167,7 +171,8 @@ func (w *Worker) Status() Status {
 	a := w.Assignment()
 	s := Status{App: w.app.id, ProcessID: w.procID, HTTPAddr: w.cfg.HTTPAddr, Ready: w.Ready(),
 		Assignment: viewAssignment(a), Tasks: w.Tasks(), Lag: w.metrics.lags(), StandbyLag: w.standbyLags(),
-		Processed: w.Processed(), Retried: w.Retried(), DeadLettered: w.DeadLettered()}
+		Processed: w.Processed(), Retried: w.Retried(), DeadLettered: w.DeadLettered(),
+		TablePartitions: w.tablePartitions()}
 	if s.StandbyLag == nil {
 		s.StandbyLag = []StandbyLag{}
 	}

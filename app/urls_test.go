@@ -102,13 +102,13 @@ func TestQueriesWithoutURLMap(t *testing.T) {
 		var ans app.TableAnswer
 		for deadline := time.Now().Add(10 * time.Second); ; {
 			code, ans = getJSON(t, "http://"+w1.addr+"/api/tables/counts/"+k+"?forward=0")
-			if code != http.StatusServiceUnavailable || time.Now().After(deadline) {
+			if ans.Reason != app.ReasonRebalancing || time.Now().After(deadline) {
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		if code != http.StatusNotFound || ans.Owner != w2.addr {
-			t.Fatalf("GET counts/%s?forward=0 on w1 = %d %+v, want 404 with owner %s", k, code, ans, w2.addr)
+		if code != http.StatusServiceUnavailable || ans.Reason != app.ReasonNotOwner || ans.Owner != w2.addr {
+			t.Fatalf("GET counts/%s?forward=0 on w1 = %d %+v, want 503 not-owner with owner %s", k, code, ans, w2.addr)
 		}
 		code, ans = getJSON(t, "http://"+w1.addr+"/api/tables/counts/"+k)
 		if code != http.StatusOK || fmt.Sprint(ans.Value) != strconv.Itoa(2) {
