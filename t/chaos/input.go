@@ -176,6 +176,9 @@ type producer struct {
 	acked   atomic.Int64 // records the broker acknowledged
 	failed  atomic.Int64 // records of batches that failed after every retry (not resent)
 	errs    []error
+	// stop, when not nil, ends the input early (without an error) once
+	// closed: the records not sent by then are not part of the run.
+	stop chan struct{}
 }
 
 // produce sends recs to topic (partitions partitions, the app's murmur2
@@ -204,6 +207,8 @@ func (p *producer) produce(ctx context.Context, brokers []string, cfg *sarama.Co
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-p.stop: // nil unless the run ends the input early
+			return nil
 		case <-t.C:
 		}
 		end := min(len(recs), i+batch)

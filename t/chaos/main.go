@@ -10,13 +10,20 @@
 //	go run ./t/chaos -long                # ≥30 kill -9 cycles, 573,762 records, 3 workers
 //	go run ./t/chaos -long -seed 42 -guarantee exactly_once
 //
-// On real Kafka (broker stop included) see scripts/chaos.sh and docs/chaos.md.
+// On real Kafka (broker stop included) see scripts/chaos.sh and docs/chaos.md;
+// the three-broker tier (rolling restarts, a killed leader, a frozen broker,
+// a produce quota, workers untouched) is
+//
+//	go run ./t/chaos -brokers3 -broker-schedule rolling|leaderkill|sigstop|quota|all -guarantee exactly_once
+//
+// on a cluster of scripts/kafka start --nodes 3 (scripts/chaos3.sh does it all).
 // The exit status is 1 when the run fails its guarantee, 2 when it could not
 // be run. The same run is the test TestChaosShort (go test ./t/chaos).
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -68,6 +75,13 @@ func run() int {
 	race := flag.Bool("race", false, "build the workers with the race detector")
 	bad := flag.Bool("bad-values", true, "inject the seven bad values of issue #12 mid-stream (each must be dead-lettered)")
 	dir := flag.String("dir", "", "where worker data dirs and logs go (default: a new directory under tmp/chaos of the module; kept)")
+	brokers3 := flag.Bool("brokers3", false, "the three-broker tier: a broker schedule on a 3-node scripts/kafka cluster (-brokers, -kafka-home), workers untouched")
+	brokerSchedule := flag.String("broker-schedule", BrokerAll, "with -brokers3: "+strings.Join(brokerSchedules, ", "))
+	rollingRounds := flag.Int("rolling-rounds", 2, "with -brokers3: rolling restarts of all three brokers")
+	quotaRate := flag.Float64("quota-rate", 16<<10, "with -brokers3: the produce quota's producer_byte_rate (bytes/s per broker)")
+	warmup := flag.Duration("warmup", 15*time.Second, "with -brokers3: live input before the first broker fault")
+	settle := flag.Duration("settle", 10*time.Second, "with -brokers3: live input after each broker fault")
+	maxOver := flag.Float64("max-overcount", 0, "fail an at-least-once run whose two-hop over-count (events-per-dir vs input) is above this, in percent (0: no limit, or 5 with -brokers3; -1: no limit)")
 	flag.Parse()
 
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "chaos:", err); return 2 }
@@ -86,6 +100,21 @@ func run() int {
 		}}
 	if cfg.Seed == 0 {
 		cfg.Seed = rand.Uint64() % 1e9
+	}
+	cfg.MaxOvercount = *maxOver
+	if *brokers3 {
+		// Three workers of the README's app, untouched; live input at
+		// 500/s (a 2-core machine runs three JVMs beside them) for as long
+		// as the broker schedule runs: up to 7 rounds of the input.
+		cfg.Plan, cfg.Limit, cfg.Rounds, cfg.Rate = Plan{Workers: 3}, 0, 7, 500
+		cfg.Brokers3 = BrokerPlan{Schedule: *brokerSchedule, RollingRounds: *rollingRounds, QuotaRate: *quotaRate,
+			Warmup: *warmup, Settle: *settle}
+		if *maxOver == 0 {
+			cfg.MaxOvercount = 5
+		}
+		if *brokers == "" || *kafkaHome == "" {
+			return fail(errors.New("-brokers3 needs -brokers (or RUNNEL_KAFKA_BROKERS) and -kafka-home (or RUNNEL_KAFKA_HOME) of a scripts/kafka start --nodes 3 cluster"))
+		}
 	}
 	if *brokers != "" {
 		cfg.Brokers = strings.Split(*brokers, ",")

@@ -60,7 +60,17 @@ type Config struct {
 	BadValues bool
 	// LagTimeout bounds the wait for lag 0 after the schedule.
 	LagTimeout time.Duration
-	Logf       func(format string, args ...any)
+	// Brokers3, when its Schedule is set, replaces the worker schedule with
+	// a broker schedule on a three-node scripts/kafka cluster (KafkaScript
+	// and KafkaHome): the workers run untouched while the input is produced
+	// until the broker schedule and its Settle time are over. The app's
+	// topics must have replication factor 3 and min.insync.replicas=2.
+	Brokers3 BrokerPlan
+	// MaxOvercount fails an at-least-once run whose two-hop over-count
+	// (events-per-dir against the input) is above it, in percent; 0: no
+	// limit.
+	MaxOvercount float64
+	Logf         func(format string, args ...any)
 }
 
 // Run builds the worker, runs the schedule of cfg while producing the input,
@@ -82,6 +92,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	canStopBroker := len(cfg.Brokers) > 0 && cfg.KafkaScript != "" && cfg.KafkaHome != ""
 	if cfg.Plan.BrokerStops > 0 && !canStopBroker {
 		return nil, errors.New("broker stops need a real Kafka started by scripts/kafka (KafkaScript and KafkaHome)")
+	}
+	var brokerKinds []string
+	if cfg.Brokers3.Schedule != "" {
+		if !canStopBroker {
+			return nil, errors.New("a broker schedule needs a three-node Kafka started by scripts/kafka (KafkaScript and KafkaHome)")
+		}
+		cfg.Brokers3 = cfg.Brokers3.withDefaults()
+		var err error
+		if brokerKinds, err = cfg.Brokers3.kinds(); err != nil {
+			return nil, err
+		}
+		rep.BrokerSchedule = cfg.Brokers3.Schedule
+		cfg.Plan = Plan{Workers: cfg.Plan.Workers} // the workers run untouched
 	}
 	rep.Steps = Schedule(cfg.Seed, cfg.Plan)
 	logf("chaos: seed %d, guarantee %s, broker %s, %d workers; schedule:", cfg.Seed, cfg.Guarantee, rep.Broker, cfg.Plan.Workers)
@@ -178,10 +201,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 
 	if cfg.BadValues {
-		recs = withBadValues(recs, int32(partitions))
+		if n := cfg.Rate * 60; cfg.Brokers3.Schedule != "" && n < len(recs) {
+			// The input ends with the broker schedule, somewhere in it:
+			// the bad values go into its first minute.
+			recs = append(withBadValues(recs[:n:n], int32(partitions)), recs[n:]...)
+		} else {
+			recs = withBadValues(recs, int32(partitions))
+		}
 		logf("chaos: %d bad values injected into the input", len(badValues))
 	}
 	prod := &producer{ackedBy: make([]bool, len(recs))}
+	if cfg.Brokers3.Schedule != "" {
+		// Live input for as long as the broker schedule runs, then stop:
+		// the input is sized for the longest schedule.
+		prod.stop = make(chan struct{})
+	}
 	prodDone := make(chan error, 1)
 	pctx, cancelProd := context.WithCancel(ctx)
 	defer cancelProd()
@@ -210,6 +244,55 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return fmt.Errorf("%s %s: %w\n%s", cfg.KafkaScript, strings.Join(args, " "), err, out)
 		}
 		return nil
+	}
+	if cfg.Brokers3.Schedule != "" {
+		admin, err := sarama.NewClusterAdminFromClient(client)
+		if err != nil {
+			return nil, fmt.Errorf("admin: %w", err)
+		}
+		ops := &brokerOps{script: cfg.KafkaScript, home: cfg.KafkaHome, client: client, admin: admin, logf: logf,
+			lag: func() (int64, error) { return groupLag(client, appID, []string{inputTopic, dirTopic}) }}
+		if _, err := ops.waitReplicated(ctx, replicatedTimeout); err != nil {
+			return nil, fmt.Errorf("before the schedule: %w", err)
+		}
+		if err := sleep(cfg.Brokers3.Warmup); err != nil {
+			return nil, err
+		}
+		// Every topic of the app (its declared topics carry the prefix,
+		// changelogs, repartition and dead-letter topics the app ID, which
+		// the prefix starts with) is checked after the workers made them.
+		n, bad, err := checkTopics(admin, appID+"-", 3, "2")
+		switch {
+		case err != nil:
+			problem("topics: %v", err)
+		case len(bad) > 0:
+			problem("topics: %s", strings.Join(bad, "; "))
+		default:
+			rep.Topics = fmt.Sprintf("%d topics of the app, every one with replication factor 3 and min.insync.replicas=2", n)
+			logf("chaos: %s", rep.Topics)
+		}
+		for _, k := range brokerKinds {
+			var err error
+			switch k {
+			case BrokerRolling:
+				err = ops.rolling(ctx, cfg.Brokers3.RollingRounds)
+			case BrokerLeaderKill:
+				err = ops.leaderKill(ctx, cfg.Brokers3.KillDown)
+			case BrokerSigstop:
+				err = ops.sigstop(ctx, cfg.Brokers3.StopFor)
+			case BrokerQuota:
+				err = ops.quota(ctx, "runnel-"+appID, cfg.Brokers3.QuotaRate, cfg.Brokers3.QuotaFor)
+			}
+			if err != nil {
+				rep.BrokerSteps = ops.steps
+				return nil, fmt.Errorf("broker schedule %s: %w", k, err)
+			}
+			if err := sleep(cfg.Brokers3.Settle); err != nil {
+				return nil, err
+			}
+		}
+		rep.BrokerSteps = ops.steps
+		close(prod.stop)
 	}
 	for i, s := range rep.Steps {
 		if err := sleep(s.Gap); err != nil {
@@ -327,6 +410,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	logf("chaos: verified")
 	rep.Rows = rows
 	rep.Problems = append(rep.Problems, problems...)
+	if cfg.Guarantee == AtLeastOnce && cfg.MaxOvercount > 0 {
+		for _, row := range rows {
+			if row.Name == "events-per-dir" && row.FedFrom == "input" && row.Overcount() > cfg.MaxOvercount {
+				rep.Problems = append(rep.Problems, fmt.Sprintf("two-hop over-count %.2f %% (events-per-dir against the input) is above %.1f %%", row.Overcount(), cfg.MaxOvercount))
+			}
+		}
+	}
 	rep.Elapsed = time.Since(start)
 	return rep, nil
 }

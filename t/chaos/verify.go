@@ -40,6 +40,15 @@ type Row struct {
 	bad                           []string // up to 5 keys that are not exact, lost ones first
 }
 
+// Overcount is how far the row is above what it is compared with, in
+// percent of it ((got - want) / want); 0 when nothing is expected.
+func (r Row) Overcount() float64 {
+	if r.Want == 0 {
+		return 0
+	}
+	return float64(r.Got-r.Want) / float64(r.Want) * 100
+}
+
 // Failed reports whether the row fails the run.
 func (r Row) Failed() bool { return r.Lost > 0 || r.Wrong > 0 || (r.MustBeExact && r.Dup > 0) }
 
@@ -68,7 +77,13 @@ type Report struct {
 	// of a claim that ran without its task's tables, the state that lost
 	// updates in CI once.
 	Unowned []string
-	Elapsed time.Duration
+	// BrokerSchedule and BrokerSteps: the broker schedule of the
+	// three-broker tier and what it did, with timings; Topics what the
+	// check of the app's topics found (replication, min.insync.replicas).
+	BrokerSchedule string
+	BrokerSteps    []string
+	Topics         string
+	Elapsed        time.Duration
 }
 
 // OK reports whether the run met its guarantee.
@@ -85,8 +100,14 @@ func (r *Report) OK() bool {
 func (r *Report) Write(w io.Writer) {
 	fmt.Fprintf(w, "chaos: seed %d, guarantee %s, broker %s, %d steps, %d records produced (%d failed), %s\n",
 		r.Seed, r.Guarantee, r.Broker, len(r.Steps), r.Produced, r.Failed, r.Elapsed.Round(time.Second))
+	if r.BrokerSchedule != "" {
+		fmt.Fprintf(w, "chaos: broker schedule %s, %d worker exits; %s\n", r.BrokerSchedule, len(r.Crashes), r.Topics)
+		for _, s := range r.BrokerSteps {
+			fmt.Fprintf(w, "  broker: %s\n", s)
+		}
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "table/topic\tcompared with\tkeys\texact\tlost\tdup\twrong\tgot\twant\tverdict")
+	fmt.Fprintln(tw, "table/topic\tcompared with\tkeys\texact\tlost\tdup\twrong\tgot\twant\tover\tverdict")
 	for _, row := range r.Rows {
 		verdict := "exact"
 		switch {
@@ -95,7 +116,7 @@ func (r *Report) Write(w io.Writer) {
 		case row.Dup > 0:
 			verdict = "duplicates (allowed)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", row.Name, row.FedFrom, row.Keys, row.Exact, row.Lost, row.Dup, row.Wrong, row.Got, row.Want, verdict)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%+.2f%%\t%s\n", row.Name, row.FedFrom, row.Keys, row.Exact, row.Lost, row.Dup, row.Wrong, row.Got, row.Want, row.Overcount(), verdict)
 	}
 	tw.Flush()
 	for _, row := range r.Rows {
