@@ -287,10 +287,10 @@ func (ts *taskSet) leave(k taskKey) {
 			// Under ExactlyOnce the worker's transaction cycles the task
 			// (it has no loop of its own): wait for a cycle in progress,
 			// which may still cut the task's tables, before they go to the
-			// key's next task.
-			x.mu.Lock()
-			//lint:ignore SA2001 an empty critical section: waiting for the cycle that holds mu
-			x.mu.Unlock()
+			// key's next task. A task abandoned on its own (not by an
+			// abort) leaves what it sent in the open transaction: abort it
+			// (txnCycles.leftAlone).
+			x.leftAlone(tr)
 		}
 		for _, st := range tr.t.Tables {
 			releaseTable(st, k.p)

@@ -360,6 +360,22 @@ func (x *txnCycles) renewLocked(cause error, age time.Duration) error {
 	return nil
 }
 
+// leftAlone is called when task tr leaves the worker, after any cycle in
+// progress (it takes mu). A task abandoned on its own (a timer or a join
+// backfill failed; not by an abort, which puts it in pending) sent its
+// records in the open transaction without its offsets: the transaction is
+// aborted, or a later commit would publish them and the partition would
+// send them again.
+func (x *txnCycles) leftAlone(tr *taskRun) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	err := tr.t.Err()
+	if _, pending := x.pending[tr]; err == nil || pending || !x.open {
+		return
+	}
+	x.abortLocked(fmt.Errorf("task %v abandoned alone in the worker's transaction: %w", tr.key, err))
+}
+
 // abort aborts the open transaction (see abortLocked).
 func (x *txnCycles) abort(err error) {
 	x.mu.Lock()
@@ -398,6 +414,7 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 	trs := w.tasks.all()
 	tasks := make([]*task.Task, len(trs))
 	handedAt := make(map[*taskRun]int64, len(trs))
+	idle := true // no source handed out a record since the last cycle
 	for i, tr := range trs {
 		tasks[i] = tr.t
 		// A source that handed out nothing for a whole cycle may sit before
@@ -410,6 +427,7 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 		n := tr.t.Handed()
 		handedAt[tr] = n
 		if last, ok := x.handedAt[tr]; !ok || last != n {
+			idle = false
 			continue
 		}
 		for _, s := range tr.t.SourceList() {
@@ -420,8 +438,26 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 	}
 	x.handedAt = handedAt
 	sess := x.sess
+	var beginErr error // the next transaction's BeginTxn failed after a commit
 	commit := func(ctx context.Context, offs []task.Offset, flushed bool) error {
+		// Every task's cycle token is held here. A task abandoned on its own
+		// (a timer or a join backfill failed: they run under the token, not
+		// the hand-out gate) left what it sent in this transaction, and
+		// Together skipped it: committing would publish its records without
+		// its offsets, and its partition would send them again. Abort.
+		for _, tr := range trs {
+			if err := tr.t.Err(); err != nil {
+				return fmt.Errorf("task %v abandoned alone in the worker's transaction: %w", tr.key, err)
+			}
+		}
 		if !flushed && (len(offs) == 0 || x.unchanged(offs)) {
+			if idle {
+				// Nothing handed out since the last cycle: the open
+				// transaction holds no source record's effects, and its
+				// deadline counts from now (an idle worker's would be
+				// long past).
+				x.began = time.Now()
+			}
 			return nil // no record since the last commit: nothing to commit
 		}
 		start := time.Now()
@@ -457,9 +493,12 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 		for _, o := range offs {
 			x.last[o] = true
 		}
-		// The next transaction begins after Together applied this one
-		// (below): a failure to begin must not read as a failed commit,
-		// which would drop the cycles of a committed transaction.
+		// The next transaction begins here, while every task's cycle token
+		// is still held (a timer firing between two transactions would
+		// find none open). A failure to begin must not read as a failed
+		// commit, which would drop the cycles of a committed transaction:
+		// it is handled after Together applied them.
+		beginErr = x.beginLocked()
 		return nil
 	}
 	// The cut may wait until the transaction's cut deadline (sources are
@@ -469,15 +508,13 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 	deadline := x.began.Add(w.cutDeadline())
 	cut := max(w.cutBudget(), time.Until(deadline))
 	st, err := task.Together(ctx, tasks, cut, commit)
-	if !x.open && !errors.Is(err, task.ErrAbandoned) {
-		// Committed (or nothing to commit was found with the transaction
-		// already closed): begin the next one. A producer that cannot
-		// begin is handled as an abort is: every task abandoned, the
-		// producer renewed if it must be, the next transaction begun
-		// once they closed.
-		if berr := x.beginLocked(); berr != nil {
-			x.abortLocked(fmt.Errorf("begin the next transaction: %w", berr))
-		}
+	if beginErr != nil && !errors.Is(err, task.ErrAbandoned) {
+		// Committed and applied, but the next transaction could not begin:
+		// handled as an abort is (every task abandoned, the producer
+		// renewed if it must be, the next transaction begun once they
+		// closed).
+		x.abortLocked(fmt.Errorf("begin the next transaction: %w", beginErr))
+		return beginErr
 	}
 	switch {
 	case err == nil:
