@@ -148,6 +148,13 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	ctx, claimDone := w.claimContext(sess, topic, p) // ends on revoke (cooperative) or session end
 	defer claimDone()
 	defer w.metrics.trackClaim(claim)()
+	src, _ := w.graph.Topic(topic)
+	prepared := func() {}
+	if len(w.tableNamesOf(taskKey{src.Partitions, p})) > 0 {
+		// The task is restoring until the claim joins it (or ends).
+		prepared = w.tasks.prepare(taskKey{src.Partitions, p})
+	}
+	defer prepared()
 	acquired, err := h.restore(ctx, topic, p, claim.InitialOffset())
 	defer w.parts.release(acquired)
 	if errors.Is(err, errClaimRevoked) {
@@ -163,7 +170,6 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 		// Nothing may commit on top of a store out of step with the
 		// claims: the task (under ExactlyOnce, the worker's transaction)
 		// is abandoned, the session restarts and the partition is rebuilt.
-		src, _ := w.graph.Topic(topic)
 		if w.txn != nil {
 			w.txn.abort(err)
 		} else {
@@ -192,7 +198,6 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	pt := &partition{h: h, w: w, sess: sess, topic: topic, p: p, key: fmt.Sprintf("%s[%d]", topic, p),
 		runners: runners, feed: newClaimFeed(claim), retry: w.cfg.redelivery.withDefaults(),
 		inflight: &table.InFlight{}}
-	src, _ := w.graph.Topic(topic)
 	var states []table.Cutter
 	for _, rk := range acquired {
 		states = append(states, w.tableByName(rk.table).state)
@@ -209,6 +214,7 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 		// txn.go).
 		k := taskKey{src.Partitions, p}
 		tr, err := w.tasks.join(k, sess, states)
+		prepared() // the task runs (or the claim failed): no longer restoring
 		if errors.Is(err, errOtherTables) || errors.Is(err, table.ErrOwned) {
 			// A broken invariant (docs/tables.md, rule 8), not a passing
 			// fault: a session restart would meet it again, in a loop.

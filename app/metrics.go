@@ -19,6 +19,7 @@ import (
 	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/internal/task"
 	"github.com/runnel-dev/runnel/stores"
 	"github.com/runnel-dev/runnel/table"
 )
@@ -40,6 +41,7 @@ type metrics struct {
 	restarts        *prometheus.CounterVec
 	startMismatch   *prometheus.CounterVec
 	taskTransitions *prometheus.CounterVec
+	taskInvalid     prometheus.Counter
 	cycleRecords    prometheus.Counter
 	cycleSeconds    prometheus.Histogram
 	cycleSize       prometheus.Histogram
@@ -134,6 +136,8 @@ func newMetrics(w *Worker) *metrics {
 			"Claims that would have started at another offset than the one their table partition was restored to (the partition is rebuilt; should stay 0).", "table"),
 		taskTransitions: counter("runnel_task_transitions_total",
 			"Task state transitions, by the state entered.", "to"),
+		taskInvalid: prometheus.NewCounter(prometheus.CounterOpts{Name: "runnel_task_invalid_transitions_total",
+			Help: "Task state transitions refused as outside the table of valid transitions (a bug in Runnel; should stay 0)."}),
 		processed: counter("runnel_records_processed_total",
 			"Source records resolved by an agent (acked, rejected or dead-lettered), per agent.", "topic", "agent"),
 		sent: counter("runnel_records_sent_total",
@@ -169,7 +173,7 @@ func newMetrics(w *Worker) *metrics {
 		Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)})
 	m.generation = prometheus.NewGauge(prometheus.GaugeOpts{Name: "runnel_group_generation",
 		Help: "Consumer group generation of this member's latest assignment."})
-	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.startMismatch, m.taskTransitions, m.cycleRecords, m.cycleSeconds, m.cycleSize,
+	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.startMismatch, m.taskTransitions, m.taskInvalid, m.cycleRecords, m.cycleSeconds, m.cycleSize,
 		m.processed, m.sent, m.retried, m.deadLetters, m.ackTimeouts, m.cacheFlushes, m.restoreLeft, m.restoreRate,
 		m.rebalances, m.rebalanceDur, m.generation, m.timerFirings,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -217,8 +221,10 @@ func (m *metrics) presetSeries(w *Worker) {
 			m.cacheFlushes.WithLabelValues(d.Name())
 		}
 	}
-	for _, s := range []string{TaskRunning, TaskRestarting, TaskSuspending, TaskAbandoned, TaskClosed} {
-		m.taskTransitions.WithLabelValues(s)
+	for _, s := range task.States() {
+		if s != task.Created { // every transition leaves created
+			m.taskTransitions.WithLabelValues(s.String())
+		}
 	}
 	for _, reason := range []string{"fenced", "timeout", "failed"} { // txn.go's renewal reasons
 		m.txn.renewals.WithLabelValues(reason)
@@ -503,7 +509,7 @@ func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range w.standbyLags() {
 		ch <- prometheus.MustNewConstMetric(descStandbyLag, prometheus.GaugeValue, float64(s.Lag), s.Table, strconv.Itoa(int(s.Partition)))
 	}
-	for _, t := range w.Tasks() {
+	for _, t := range w.tasks.status() { // no changelog positions: no broker round trips per scrape
 		ch <- prometheus.MustNewConstMetric(descTaskState, prometheus.GaugeValue, 1,
 			strconv.Itoa(int(t.Partition)), strconv.Itoa(int(t.Partitions)), t.State)
 	}

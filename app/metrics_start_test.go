@@ -116,7 +116,7 @@ func TestMetricsCountersFromTheStart(t *testing.T) {
 	for _, name := range []string{"runnel_claim_start_mismatches_total", "runnel_cache_flushes_total", "runnel_restore_records_total"} {
 		wantSample(t, body, 0, name, "table=counts")
 	}
-	for _, state := range []string{app.TaskRunning, app.TaskRestarting, app.TaskSuspending, app.TaskAbandoned, app.TaskClosed} {
+	for _, state := range []string{app.TaskRestoring, app.TaskRunning, app.TaskRestarting, app.TaskSuspending, app.TaskStandby, app.TaskAbandoned, app.TaskClosed} {
 		if _, ok := sample(body, "runnel_task_transitions_total", "to="+state); !ok {
 			t.Errorf("no series runnel_task_transitions_total{to=%q}", state)
 		}

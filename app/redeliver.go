@@ -269,7 +269,7 @@ func (pt *partition) run(ctx context.Context) error {
 			"attempt", n, "in", d, "err", err)
 		w.metrics.restarts.WithLabelValues(pt.topic).Inc()
 		if pt.task != nil {
-			w.tasks.set(pt.task, TaskRestarting)
+			w.tasks.set(pt.task, task.Restarting)
 		}
 		if !sleep(d, ctx.Done(), pt.feed.revoked) {
 			return nil
@@ -278,7 +278,7 @@ func (pt *partition) run(ctx context.Context) error {
 			if err := pt.resetTask(); err != nil {
 				return fmt.Errorf("%s: %w", pt.key, err)
 			}
-			w.tasks.set(pt.task, TaskRunning)
+			w.tasks.set(pt.task, task.Running)
 		}
 	}
 }
@@ -392,7 +392,7 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 	finalCommitted := false // the final cycle committed the partition's offsets
 	if pt.task != nil {
 		if first == nil && taskErr == nil {
-			w.tasks.set(pt.task, TaskSuspending)
+			w.tasks.set(pt.task, task.Suspending)
 		}
 		// The final cycle: flush what the drained records wrote, commit
 		// their offsets and apply them, before the partition is given up.

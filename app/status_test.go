@@ -63,36 +63,35 @@ func getStatus(t *testing.T, addr string) (app.Status, map[string]any) {
 	return s, raw
 }
 
-// taskParts returns the partitions of a status's tasks.
-func taskParts(s app.Status) []int32 {
+// taskParts returns the partitions of a status's tasks in state.
+func taskParts(s app.Status, state string) []int32 {
 	var ps []int32
 	for _, tk := range s.Tasks {
-		ps = append(ps, tk.Partition)
+		if tk.State == state {
+			ps = append(ps, tk.Partition)
+		}
 	}
 	return ps
 }
 
 // settled reports whether the two statuses show a stable 2-member group: the
 // same generation, both ready, every partition a running task on exactly
-// one worker, and each worker following the other's changelog partitions.
+// one worker and a standby task on the other, whose changelog it follows.
 func settled(ss [2]app.Status) bool {
-	var all []int32
+	var running, standby []int32
 	for _, s := range ss {
-		if !s.Ready || len(s.Members) != 2 || s.Assignment.Generation != ss[0].Assignment.Generation || len(s.Tasks) == 0 {
+		if !s.Ready || len(s.Members) != 2 || s.Assignment.Generation != ss[0].Assignment.Generation || len(s.Tasks) != parts {
 			return false
 		}
-		for _, tk := range s.Tasks {
-			if tk.State != app.TaskRunning {
-				return false
-			}
-		}
-		if len(s.StandbyLag) != parts-len(s.Tasks) {
+		r, sb := taskParts(s, app.TaskRunning), taskParts(s, app.TaskStandby)
+		if len(r) == 0 || len(r)+len(sb) != parts || len(s.StandbyLag) != len(sb) {
 			return false
 		}
-		all = append(all, taskParts(s)...)
+		running, standby = append(running, r...), append(standby, sb...)
 	}
-	slices.Sort(all)
-	return slices.Equal(all, []int32{0, 1, 2, 3})
+	slices.Sort(running)
+	slices.Sort(standby)
+	return slices.Equal(running, []int32{0, 1, 2, 3}) && slices.Equal(standby, []int32{0, 1, 2, 3})
 }
 
 var snake = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
@@ -201,8 +200,8 @@ func TestStatusTwoWorkers(t *testing.T) {
 				if m.MemberID != s.Assignment.MemberID {
 					t.Errorf("worker %d: member %s marked self, assignment member %s", i, m.MemberID, s.Assignment.MemberID)
 				}
-				if got := m.Partitions[apps[0].words.Name()]; !slices.Equal(got, taskParts(s)) {
-					t.Errorf("worker %d: member partitions %v, tasks %v", i, got, taskParts(s))
+				if got := m.Partitions[apps[0].words.Name()]; !slices.Equal(got, taskParts(s, app.TaskRunning)) {
+					t.Errorf("worker %d: member partitions %v, tasks %v", i, got, taskParts(s, app.TaskRunning))
 				}
 			}
 		}
@@ -216,8 +215,8 @@ func TestStatusTwoWorkers(t *testing.T) {
 				t.Errorf("worker %d: lag %+v after the group consumed everything", i, l)
 			}
 		}
-		if !slices.Equal(lagParts, taskParts(s)) {
-			t.Errorf("worker %d: lag of partitions %v, tasks of %v", i, lagParts, taskParts(s))
+		if !slices.Equal(lagParts, taskParts(s, app.TaskRunning)) {
+			t.Errorf("worker %d: lag of partitions %v, tasks of %v", i, lagParts, taskParts(s, app.TaskRunning))
 		}
 		if len(s.Rebalances) == 0 || s.Rebalances[0].Generation != gen {
 			t.Errorf("worker %d: rebalances %+v, want the latest of generation %d first", i, s.Rebalances, gen)
@@ -285,8 +284,11 @@ func chromiumPage(t *testing.T, addr string, s app.Status) {
 	for _, m := range s.Members {
 		want = append(want, m.MemberID)
 	}
-	for _, p := range taskParts(s) {
-		want = append(want, fmt.Sprintf("<td>%d/%d</td><td class=\"ok\">running</td>", p, parts))
+	for _, p := range taskParts(s, app.TaskRunning) {
+		want = append(want, fmt.Sprintf("<td>%d/%d</td><td class=\"ok\">running</td><td></td>", p, parts))
+	}
+	for _, p := range taskParts(s, app.TaskStandby) {
+		want = append(want, fmt.Sprintf("<td>%d/%d</td><td class=\"ok\">standby</td><td class=\"n\">0</td>", p, parts))
 	}
 	for _, w := range want {
 		if !strings.Contains(dom, w) {

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -20,9 +20,16 @@ import (
 // tables, and the partition.
 type taskKey struct{ parts, p int32 }
 
-// Task states, as /api/assignment shows them and the "task state" log lines
-// name them (keys task, partition, from, to).
+// Task states, as /api/assignment and /api/status show them and the "task
+// state" log lines name them (keys task, partition, from, to): the names of
+// internal/task's State, whose table of transitions every change of a task's
+// state goes through (taskSet.settleLocked, task.Lifecycles.Move).
 const (
+	// TaskCreated: the task exists and has not started its work.
+	TaskCreated = "created"
+	// TaskRestoring: a claim brings the task's table partitions up to their
+	// changelogs' highwater (a restore or a standby's promotion).
+	TaskRestoring = "restoring"
 	// TaskRunning: the task's sources process records; cycles run.
 	TaskRunning = "running"
 	// TaskRestarting: a failed record's partition waits out its redelivery
@@ -31,6 +38,9 @@ const (
 	TaskRestarting = "restarting"
 	// TaskSuspending: the partition is being given up: drain, final cycle.
 	TaskSuspending = "suspending"
+	// TaskStandby: the task's table partitions are followed (standby or
+	// warm-up replicas); no records are processed.
+	TaskStandby = "standby"
 	// TaskAbandoned: a cycle could not flush, or the partition stopped
 	// without a final cycle; its claims end and the session restarts.
 	TaskAbandoned = "abandoned"
@@ -44,11 +54,21 @@ type TaskStatus struct {
 	// co-partitioned topics and tables with Partitions partitions.
 	Partition  int32  `json:"partition"`
 	Partitions int32  `json:"partitions"`
-	State      string `json:"state"`
+	// State is one of the Task* constants; SinceMS how long ago the task
+	// entered it, in milliseconds.
+	State   string  `json:"state"`
+	SinceMS float64 `json:"since_ms"`
 	// Sources is how many claimed topic partitions feed the task.
 	Sources int `json:"sources"`
-	// Tables are the names of the tables the task writes.
+	// Tables are the names of the tables the task writes (running) or
+	// restores and follows (restoring, standby).
 	Tables []string `json:"tables"`
+	// Changelogs are the positions of the task's table partitions against
+	// their changelogs while it restores or follows them: the restored
+	// offset, the end offset, the lag and, during a restore, its rate and
+	// ETA. Only /api/status and /api/assignment fill them (they ask the
+	// brokers for each highwater).
+	Changelogs []TablePartitionStatus `json:"changelogs,omitempty"`
 	// Cycles counts the cycles that wrote records; Records the changelog
 	// records they wrote; LastCycleMS the duration of the last one.
 	Cycles      int64   `json:"cycles"`
@@ -61,7 +81,7 @@ type taskRun struct {
 	t      *task.Task
 	key    taskKey
 	refs   int           // claims using the task; guarded by taskSet.mu
-	state  string        // guarded by taskSet.mu
+	state  task.State    // running, restarting, suspending or abandoned; guarded by taskSet.mu
 	cycles int64         // guarded by taskSet.mu
 	recs   int64         // guarded by taskSet.mu
 	last   time.Duration // guarded by taskSet.mu
@@ -87,7 +107,7 @@ func (tr *taskRun) failedNow() bool {
 // the partition restarts from its committed offsets.
 func (tr *taskRun) abandon(ts *taskSet, err error) {
 	tr.t.Abandon(err)
-	ts.set(tr, TaskAbandoned)
+	ts.set(tr, task.Abandoned)
 	tr.fail.Do(func() { close(tr.failed) })
 }
 
@@ -112,6 +132,100 @@ type taskSet struct {
 	closing map[taskKey]chan struct{}
 	// commits coalesces the cycles' OffsetCommits (commitQueue).
 	commits commitQueue
+	// life holds every task's state and performs its transitions
+	// (settleLocked is its one caller). A task's state follows from what
+	// holds it, in this order: its running task (m, with the state the
+	// claims set); claims restoring its tables (prep); followed table
+	// partitions (follows); nothing (closed).
+	life     task.Lifecycles
+	lifeOnce sync.Once
+	prep     map[taskKey]int                 // claims restoring the key's tables, not yet joined; guarded by mu
+	follows  map[taskKey]map[string]struct{} // tables whose partition of the key is followed; guarded by mu
+}
+
+// invalidTransitions counts the task state transitions refused as outside
+// task's table, in every worker of the process (tests fail on any).
+var invalidTransitions atomic.Int64
+
+// settleLocked moves the task of k to the state its holders give it (see
+// taskSet.life); mu must be held. A restoring or running task whose
+// partitions become standbys closes first and comes back as a standby (a
+// new task, as Kafka Streams recycles an active into a standby).
+func (ts *taskSet) settleLocked(k taskKey) {
+	ts.lifeOnce.Do(func() {
+		ts.life.Log = ts.w.log
+		ts.life.Moved = func(_, to task.State) { ts.w.metrics.taskTransitions.WithLabelValues(to.String()).Inc() }
+		ts.life.Refused = func(task.ID, task.State, task.State) {
+			invalidTransitions.Add(1)
+			ts.w.metrics.taskInvalid.Inc()
+		}
+	})
+	tr := ts.m[k]
+	if tr == nil && ts.closing[k] != nil {
+		return // the key's last task is releasing its tables; leave settles it
+	}
+	want := task.Closed
+	switch {
+	case tr != nil:
+		want = tr.state
+	case ts.prep[k] > 0:
+		want = task.Restoring
+	case len(ts.follows[k]) > 0:
+		want = task.Standby
+	}
+	id := task.ID{Partitions: k.parts, Partition: k.p}
+	if cur := ts.life.State(id); tr == nil && cur != want && !task.CanMove(cur, want) {
+		// No running task: the one that ran (or restored) is over, and
+		// what holds the key now is a new task.
+		_, _ = ts.life.Move(id, task.Closed)
+	}
+	_, _ = ts.life.Move(id, want) // a refused move is logged and counted (life.Refused)
+}
+
+// prepare registers a claim that restores the tables of k before it joins
+// the task (restoring); done, called at the join or when the claim ends
+// before it, undoes it (once).
+func (ts *taskSet) prepare(k taskKey) (done func()) {
+	ts.mu.Lock()
+	if ts.prep == nil {
+		ts.prep = map[taskKey]int{}
+	}
+	ts.prep[k]++
+	ts.settleLocked(k)
+	ts.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			ts.mu.Lock()
+			if ts.prep[k]--; ts.prep[k] <= 0 {
+				delete(ts.prep, k)
+			}
+			ts.settleLocked(k)
+			ts.mu.Unlock()
+		})
+	}
+}
+
+// following records whether the partition of k of table is followed (a
+// standby or warm-up replica).
+func (ts *taskSet) following(k taskKey, table string, on bool) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if on {
+		if ts.follows == nil {
+			ts.follows = map[taskKey]map[string]struct{}{}
+		}
+		if ts.follows[k] == nil {
+			ts.follows[k] = map[string]struct{}{}
+		}
+		ts.follows[k][table] = struct{}{}
+	} else {
+		delete(ts.follows[k], table)
+		if len(ts.follows[k]) == 0 {
+			delete(ts.follows, k)
+		}
+	}
+	ts.settleLocked(k)
 }
 
 // activator is a table runtime with per-partition activation of its own
@@ -199,11 +313,10 @@ func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []ta
 	commit := func(ctx context.Context, offs []task.Offset) error {
 		return ts.w.commitSync(ctx, tr, sess, offs)
 	}
-	tr = &taskRun{t: &task.Task{Partition: k.p, Tables: states, Commit: commit}, key: k, refs: 1, state: TaskRunning,
+	tr = &taskRun{t: &task.Task{Partition: k.p, Tables: states, Commit: commit}, key: k, refs: 1, state: task.Running,
 		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), failed: make(chan struct{})}
 	ts.m[k] = tr
-	ts.w.log.Info("task state", "task", fmt.Sprintf("%d/%d", k.p, k.parts), "partition", k.p, "from", "created", "to", TaskRunning)
-	ts.w.metrics.taskTransitions.WithLabelValues(TaskRunning).Inc()
+	ts.settleLocked(k)
 	if ts.w.txn != nil {
 		// ExactlyOnce: the worker's transaction cycles every task at once
 		// (txn.go).
@@ -215,47 +328,58 @@ func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []ta
 	return tr, nil
 }
 
-// set moves tr to state, logging and counting the transition.
-func (ts *taskSet) set(tr *taskRun, state string) {
+// set moves tr, a running task, to state (running, restarting, suspending
+// or abandoned) through the state table (settleLocked). A task that already
+// closed (its key may have a new task) is left alone.
+func (ts *taskSet) set(tr *taskRun, state task.State) {
 	ts.mu.Lock()
+	defer ts.mu.Unlock()
 	from := tr.state
-	tr.state = state
-	ts.mu.Unlock()
-	if from == state {
+	if ts.m[tr.key] != tr || from == state {
 		return
 	}
+	if from == task.Abandoned {
+		// Abandoned is final for a running task: only its close follows
+		// (a claim that restarts meanwhile must not revive it).
+		ts.w.log.Debug("abandoned task keeps its state", "task", fmt.Sprintf("%d/%d", tr.key.p, tr.key.parts), "to", state.String())
+		return
+	}
+	tr.state = state
 	// A suspending task's final cycle is about to commit: the commit queue
 	// waits a little for it, so that the final cycles of the tasks closing
 	// together share one OffsetCommit (commitQueue).
 	switch {
-	case state == TaskSuspending:
+	case state == task.Suspending:
 		ts.commits.expect(tr)
-	case from == TaskSuspending:
+	case from == task.Suspending:
 		ts.commits.unexpect(tr)
 	}
-	ts.w.log.Info("task state", "task", fmt.Sprintf("%d/%d", tr.key.p, tr.key.parts), "partition", tr.key.p, "from", from, "to", state)
-	ts.w.metrics.taskTransitions.WithLabelValues(state).Inc()
+	ts.settleLocked(tr.key)
 }
 
-// status returns every task's status, by partition.
+// status returns every task's status (no changelog positions), by
+// partition count and partition.
 func (ts *taskSet) status() []TaskStatus {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	out := make([]TaskStatus, 0, len(ts.m))
-	for k, tr := range ts.m {
-		st := TaskStatus{Partition: k.p, Partitions: k.parts, State: tr.state, Sources: tr.t.Sources(),
-			Cycles: tr.cycles, Records: tr.recs, LastCycleMS: float64(tr.last.Microseconds()) / 1000}
-		for _, s := range tr.t.Tables {
-			st.Tables = append(st.Tables, s.Name())
+	now := time.Now()
+	infos := ts.life.Snapshot()
+	out := make([]TaskStatus, 0, len(infos))
+	for _, in := range infos {
+		k := taskKey{in.ID.Partitions, in.ID.Partition}
+		st := TaskStatus{Partition: k.p, Partitions: k.parts, State: in.State.String(),
+			SinceMS: float64(now.Sub(in.Since).Microseconds()) / 1000, Tables: []string{}}
+		if tr := ts.m[k]; tr != nil {
+			st.Sources, st.Cycles, st.Records = tr.t.Sources(), tr.cycles, tr.recs
+			st.LastCycleMS = float64(tr.last.Microseconds()) / 1000
+			for _, s := range tr.t.Tables {
+				st.Tables = append(st.Tables, s.Name())
+			}
+		} else {
+			st.Tables = ts.w.tableNamesOf(k)
 		}
 		out = append(out, st)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Partitions != out[j].Partitions {
-			return out[i].Partitions < out[j].Partitions
-		}
-		return out[i].Partition < out[j].Partition
-	})
 	return out
 }
 
@@ -299,7 +423,9 @@ func (ts *taskSet) leave(k taskKey) {
 		delete(ts.closing, k)
 		ts.mu.Unlock()
 		close(released)
-		ts.set(tr, TaskClosed)
+		ts.mu.Lock()
+		ts.settleLocked(k) // closed, or standby when its partitions are followed
+		ts.mu.Unlock()
 		if ts.w.txn != nil {
 			ts.w.txn.closed(tr)
 		}

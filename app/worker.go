@@ -150,7 +150,40 @@ func processID(dir string) (string, error) {
 
 // Tasks returns the status of this worker's tasks (partitions whose agents
 // write tables), ordered by partition count and partition.
-func (w *Worker) Tasks() []TaskStatus { return w.tasks.status() }
+//
+// A restoring or standby task lists its table partitions' positions against
+// their changelogs (TaskStatus.Changelogs; one ListOffsets per partition).
+func (w *Worker) Tasks() []TaskStatus {
+	out := w.tasks.status()
+	a := w.Assignment()
+	for i := range out {
+		ts := &out[i]
+		if ts.State != TaskRestoring && ts.State != TaskStandby {
+			continue
+		}
+		for _, name := range ts.Tables {
+			t := w.tableByName(name)
+			if t == nil {
+				continue
+			}
+			st := w.partState(t, a, ts.Partition)
+			s := TablePartitionStatus{Table: name, Partition: ts.Partition, Role: st.role, Lag: -1}
+			if st.restoreErr != nil {
+				s.Error = st.restoreErr.Error()
+			}
+			if c, err := w.copyLagOf(t, ts.Partition); err == nil {
+				s.RestoredOffset, s.EndOffset, s.Lag = c.applied, c.highwater, c.lag()
+				if ts.State == TaskRestoring {
+					if rp := w.restoreProgress(t, ts.Partition, c); rp != nil {
+						s.Rate, s.ETAMS = rp.Rate, rp.ETAMS
+					}
+				}
+			}
+			ts.Changelogs = append(ts.Changelogs, s)
+		}
+	}
+	return out
+}
 
 // Processed returns how many source records every subscribed agent moved
 // past (resolved: acked, rejected or dead-lettered) on this worker; their
@@ -757,6 +790,27 @@ func (tp *tableParts) get(k restoreKey) *tablePart {
 	return p
 }
 
+// tableNamesOf returns the names of the tables co-partitioned with task k
+// (its partition count), the tables its claims restore and write.
+func (w *Worker) tableNamesOf(k taskKey) []string {
+	out := []string{}
+	for _, t := range w.tables {
+		if t.parts == k.parts {
+			out = append(out, t.def.Name())
+		}
+	}
+	return out
+}
+
+// followed tells the worker's tasks whether table partition k is followed
+// (a standby or warm-up replica): its task is a standby while no claim holds
+// it (taskSet.following).
+func (tp *tableParts) followed(k restoreKey, on bool) {
+	if t := tp.w.tableByName(k.table); t != nil {
+		tp.w.tasks.following(taskKey{t.parts, k.p}, k.table, on)
+	}
+}
+
 func (w *Worker) tableByName(name string) *tableRuntime {
 	for _, t := range w.tables {
 		if t.def.Name() == name {
@@ -782,6 +836,7 @@ func (tp *tableParts) startFollower(k restoreKey, p *tablePart) {
 	prev := p.followDone
 	h := changelog.NewHandoff()
 	p.stopFollow, p.followDone, p.handoff = cancel, done, h
+	tp.followed(k, true)
 	follow := append(tp.w.followOptions(ctx, &tp.bg), changelog.WithHandoff(h))
 	tp.bg.Add(1)
 	go func() {
@@ -822,6 +877,7 @@ func (tp *tableParts) setFollowed(want, active map[string][]int32) {
 		case !p.wantFollow && p.stopFollow != nil && !slices.Contains(active[k.table], k.p):
 			p.stopFollow()
 			p.stopFollow, p.handoff = nil, nil
+			tp.followed(k, false)
 		}
 	}
 }
@@ -849,6 +905,9 @@ func (tp *tableParts) acquire(ctx context.Context, k restoreKey, topic string, s
 		p.gate = &restoreGate{done: make(chan struct{})}
 		stopFollow, handoff, followDone = p.stopFollow, p.handoff, p.followDone
 		p.stopFollow, p.handoff = nil, nil
+		if stopFollow != nil {
+			tp.followed(k, false) // the claim takes the follower over (restoring)
+		}
 		rebuild, p.rebuild = p.rebuild, false
 	}
 	g := p.gate
@@ -1038,10 +1097,11 @@ func (tp *tableParts) restoredAll(a assignor.Assignment) bool {
 // stop ends every follower and waits for them.
 func (tp *tableParts) stop() {
 	tp.mu.Lock()
-	for _, p := range tp.parts {
+	for k, p := range tp.parts {
 		if p.stopFollow != nil {
 			p.stopFollow()
 			p.stopFollow, p.handoff = nil, nil
+			tp.followed(k, false)
 		}
 	}
 	tp.mu.Unlock()
