@@ -52,8 +52,8 @@ const (
 type TaskStatus struct {
 	// Partition and Partitions name the task: partition Partition of the
 	// co-partitioned topics and tables with Partitions partitions.
-	Partition  int32  `json:"partition"`
-	Partitions int32  `json:"partitions"`
+	Partition  int32 `json:"partition"`
+	Partitions int32 `json:"partitions"`
 	// State is one of the Task* constants; SinceMS how long ago the task
 	// entered it, in milliseconds.
 	State   string  `json:"state"`
