@@ -34,7 +34,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/runnel-dev/runnel/changelog"
 	"github.com/runnel-dev/runnel/table"
 )
 
@@ -210,128 +209,31 @@ var ErrStopped = errors.New("task abandoned; no cycle runs")
 // the partition, or by the next owner).
 var ErrAbandoned = errors.New("commit cycle abandoned")
 
-// Cycle runs one commit cycle (see the package doc). cut bounds the wait for
-// the records below the commit points to resolve; ctx bounds the whole cycle,
-// the wait for a cycle in progress included.
+// Cycle runs one commit cycle of t alone (see the package doc), committing
+// through t.Commit when the cycle wrote changelog records; it is the
+// at-least-once cycle, and the same pipeline as Together (one task, its own
+// commit). cut bounds the wait for the records below the commit points to
+// resolve; ctx bounds the whole cycle, the wait for a cycle in progress
+// included.
 //
 // A failure to cut (a record failed, the source stopped, the cut budget
 // passed) changes nothing: the writes stay in the caches for a later cycle.
 // A failure to flush (a changelog write failed, or ctx ended while waiting
-// for acks) abandons the task (Abandon): nothing is committed or applied,
-// and the error wraps ErrAbandoned. The partition must then stop and restart
-// from its committed offsets: the caches no longer hold the effects of the
-// records processed since the last cycle.
+// for acks) or to commit abandons the task (Abandon): nothing is committed
+// or applied, and the error wraps ErrAbandoned. The partition must then stop
+// and restart from its committed offsets: the caches no longer hold the
+// effects of the records processed since the last cycle. A task abandoned
+// before the cycle runs nothing: the error wraps ErrStopped.
 func (t *Task) Cycle(ctx context.Context, cut time.Duration) (Stats, error) {
-	if err := t.lock(ctx); err != nil {
-		return Stats{}, fmt.Errorf("waiting for the cycle in progress: %w", err)
-	}
-	defer t.unlock()
-	if err := t.Err(); err != nil {
-		return Stats{}, fmt.Errorf("%w: %w", ErrStopped, err)
-	}
-	start := time.Now()
-	var st Stats
-	t.mu.Lock()
-	srcs := append([]Source(nil), t.sources...)
-	t.mu.Unlock()
-
-	bounds := make([]int64, len(srcs))
-	for i, s := range srcs {
-		bounds[i] = s.Pause()
-	}
-	resume := func() {
-		for _, s := range srcs {
-			s.Resume()
+	commit := func(ctx context.Context, offsets []Offset, flushed bool) error {
+		// A cycle that wrote nothing commits nothing: its sources only
+		// mark their offsets (Committable), which the session commits.
+		if !flushed || t.Commit == nil {
+			return nil
 		}
+		return t.Commit(ctx, offsets)
 	}
-	cctx, cancel := context.WithTimeout(ctx, cut)
-	defer cancel()
-	// Twice: the second pass returns at once unless a source awaited early
-	// handed out a record while a later one was awaited (it must not while
-	// paused; AwaitResolved refuses the cut if it did).
-	for range 2 {
-		for i, s := range srcs {
-			if err := s.AwaitResolved(cctx, bounds[i]); err != nil {
-				resume()
-				return st, fmt.Errorf("cut: %w", err)
-			}
-		}
-	}
-	var flushes []table.Cycle
-	for _, tb := range t.Tables {
-		if f := tb.Cut(t.Partition); f != nil {
-			flushes = append(flushes, f)
-		}
-	}
-	resume()
-	st.Cut = time.Since(start)
-	if len(flushes) == 0 {
-		for i, s := range srcs {
-			s.Committable(bounds[i])
-		}
-		st.Elapsed = time.Since(start)
-		return st, nil
-	}
-	sources := make([]changelog.Source, len(srcs))
-	for i, s := range srcs {
-		sources[i] = changelog.Source{Topic: s.Topic(), Partition: s.Partition(), Offset: bounds[i] - 1}
-	}
-	var err error
-	for _, f := range flushes {
-		st.Records += f.Records()
-		if err = f.Send(sources); err != nil {
-			break
-		}
-	}
-	for _, f := range flushes {
-		if werr := f.Wait(ctx); werr != nil && err == nil {
-			err = werr
-		}
-	}
-	if err != nil {
-		for _, f := range flushes {
-			f.Drop()
-		}
-		t.Abandon(fmt.Errorf("flush: %w", err))
-		return st, t.Err() // wraps ErrAbandoned, not ErrStopped
-	}
-	// The offsets are committed, and only then may the sources commit them
-	// too (Committable): an offset marked before the broker confirmed it
-	// could be committed later behind the task's back, after the partition
-	// moved and its next owner restored without this cycle, and the records
-	// below it would never be processed again.
-	offsets := make([]Offset, 0, len(srcs))
-	for i, s := range srcs {
-		if bounds[i] < 0 {
-			continue // handed out nothing yet: still at the group's initial offset (a sentinel, not an offset)
-		}
-		offsets = append(offsets, Offset{Topic: s.Topic(), Partition: s.Partition(), Offset: bounds[i]})
-	}
-	if t.Commit != nil {
-		if err := t.Commit(ctx, offsets); err != nil {
-			for _, f := range flushes {
-				f.Drop()
-			}
-			t.Abandon(fmt.Errorf("commit: %w", err))
-			return st, t.Err()
-		}
-	}
-	for i, s := range srcs {
-		s.Committable(bounds[i])
-	}
-	for _, f := range flushes {
-		if aerr := f.Apply(); aerr != nil && err == nil {
-			err = aerr
-		}
-	}
-	st.Elapsed = time.Since(start)
-	if err != nil {
-		// The offsets are committed but a store lacks the cycle: only a
-		// restore from the changelog (which holds it) can bring it back.
-		t.Abandon(fmt.Errorf("apply: %w", err))
-		return st, t.Err()
-	}
-	return st, nil
+	return cycle(ctx, []*Task{t}, cut, commit, true)
 }
 
 // drop discards the tables' caches of the partition.

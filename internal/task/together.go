@@ -19,11 +19,14 @@ import (
 //
 // The caller must keep every source of every task from handing out records
 // for the whole call (the worker's transaction gate), so the cut, the flush
-// and commit see the same records. The steps are those of Task.Cycle for all
-// tasks in turn: every source's commit point, the wait for the records below
-// them to resolve (bounded by cut), every table partition's cut, the flush of
-// every cut (one changelog record per dirty key), then commit with every
-// source's offset, and only after it succeeded Committable and Apply.
+// and commit see the same records. The steps are those of Task.Cycle, which
+// is this pipeline for one task: every source's commit point, the wait for
+// the records below them to resolve (bounded by cut), every table
+// partition's cut, the flush of every cut (one changelog record per dirty
+// key), then commit with every source's offset, and only after it succeeded
+// Committable and Apply. The guarantees differ only in the commit (the
+// committer): at-least-once commits one task's offsets, and only when its
+// cycle wrote records; exactly-once commits the transaction, always.
 //
 // commit receives the offsets of every source of every task (empty when no
 // task has a source) and flushed, whether any changelog record was written;
@@ -36,7 +39,21 @@ import (
 // ErrAbandoned; the caller must abort the transaction and restart the
 // partitions from their committed offsets. Tasks abandoned before the call
 // are skipped (their partitions are stopping).
-func Together(ctx context.Context, tasks []*Task, cut time.Duration, commit func(ctx context.Context, offsets []Offset, flushed bool) error) (Stats, error) {
+func Together(ctx context.Context, tasks []*Task, cut time.Duration, commit CommitFunc) (Stats, error) {
+	return cycle(ctx, tasks, cut, commit, false)
+}
+
+// CommitFunc commits a cycle (the committer of the pipeline Cycle and
+// Together share): offsets are the commit offsets of every source of the
+// cycle's tasks (each the offset of the next record to process, sorted by
+// topic and partition), flushed whether the cycle wrote changelog records.
+// An error abandons the cycle's tasks (nothing is applied).
+type CommitFunc func(ctx context.Context, offsets []Offset, flushed bool) error
+
+// cycle is the one commit-cycle pipeline (Cycle, Together). single: a task
+// abandoned before the cycle fails it with ErrStopped (Cycle), where
+// Together skips abandoned tasks (their partitions are stopping).
+func cycle(ctx context.Context, tasks []*Task, cut time.Duration, commit CommitFunc, single bool) (Stats, error) {
 	var st Stats
 	start := time.Now()
 	var held []*Task
@@ -59,7 +76,10 @@ func Together(ctx context.Context, tasks []*Task, cut time.Duration, commit func
 	var srcs []src
 	var live []*Task
 	for _, t := range tasks {
-		if t.Err() != nil {
+		if err := t.Err(); err != nil {
+			if single {
+				return st, fmt.Errorf("%w: %w", ErrStopped, err)
+			}
 			continue
 		}
 		live = append(live, t)
@@ -72,14 +92,22 @@ func Together(ctx context.Context, tasks []*Task, cut time.Duration, commit func
 	for i := range srcs {
 		srcs[i].bound = srcs[i].s.Pause()
 	}
-	defer func() {
-		for _, s := range srcs {
-			s.s.Resume()
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			for _, s := range srcs {
+				s.s.Resume()
+			}
 		}
-	}()
+	}
+	defer resume()
 	cctx, cancel := context.WithTimeout(ctx, cut)
 	defer cancel()
-	for range 2 { // twice: see Cycle
+	// Twice: the second pass returns at once unless a source awaited early
+	// handed out a record while a later one was awaited (it must not while
+	// paused; AwaitResolved refuses the cut if it did).
+	for range 2 {
 		for _, s := range srcs {
 			if err := s.s.AwaitResolved(cctx, s.bound); err != nil {
 				return st, fmt.Errorf("cut: %w", err)
@@ -106,6 +134,10 @@ func Together(ctx context.Context, tasks []*Task, cut time.Duration, commit func
 		}
 		cuts = append(cuts, ct)
 	}
+	// The cut holds exactly the effects of the records below the commit
+	// points: the sources may hand out records again (under exactly-once the
+	// worker's transaction gate still holds them until the commit).
+	resume()
 	st.Cut = time.Since(start)
 	fail := func(stage string, err error) (Stats, error) {
 		for _, ct := range cuts {
