@@ -841,9 +841,9 @@ func (c *claimProducer) emitBatch(ctx context.Context, msgs []*sarama.ConsumerMe
 				seg = msgs[:i]
 			}
 		}
-		// ExactlyOnce: no more than the transactions' window of records is
-		// unresolved at once (txnCycles.window), so that a cut can wait for
-		// them within the transaction's time.
+		// No more than the cycle's window of records is unresolved at once
+		// (cutWindow), so that a cut can wait for them within its budget
+		// (under ExactlyOnce, within the transaction's time).
 		if !hold {
 			n, ok := c.awaitWindow(ctx, len(seg))
 			if !ok {
@@ -872,14 +872,20 @@ func (c *claimProducer) emitBatch(ctx context.Context, msgs []*sarama.ConsumerMe
 	return nil
 }
 
-// awaitWindow waits until fewer records than the transactions' window are
+// awaitWindow waits until fewer records than the cycle's window are
 // unresolved (handed out and not yet resolved) and returns how many of the
 // n next records may go out now (at least 1); ok is false when fetching
-// stopped, a seek back started or ctx ended meanwhile. Without ExactlyOnce
-// it returns n at once.
+// stopped, a seek back started or ctx ended meanwhile. The window is the
+// worker's transaction's under ExactlyOnce, the task's under at-least-once
+// (cutWindow); a partition without a task (no cycles) returns n at once.
 func (c *claimProducer) awaitWindow(ctx context.Context, n int) (int, bool) {
-	x := c.pt.w.txn
-	if x == nil {
+	var win *cutWindow
+	switch {
+	case c.pt.w.txn != nil:
+		win = &c.pt.w.txn.window
+	case c.pt.task != nil:
+		win = &c.pt.task.window
+	default:
 		return n, true
 	}
 	defer c.wakeOnDone(ctx)()
@@ -890,7 +896,7 @@ func (c *claimProducer) awaitWindow(ctx context.Context, n int) (int, bool) {
 		case ctx.Err() != nil, c.rewind >= 0, c.halted, c.closed, c.stopped():
 			return 0, false
 		}
-		if room := x.window.Load() - c.unresolvedLocked(); room > 0 {
+		if room := win.load() - c.unresolvedLocked(); room > 0 {
 			return int(min(int64(n), room)), true
 		}
 		c.cond.Wait() // Advance broadcasts as records resolve

@@ -90,6 +90,9 @@ type taskRun struct {
 	done   chan struct{}
 	failed chan struct{} // closed when the task was abandoned
 	fail   sync.Once
+	// window bounds the records the task's sources hand out unresolved
+	// (at-least-once; under ExactlyOnce the transaction's window does).
+	window cutWindow
 }
 
 // failedNow reports whether the task was abandoned by its cycles (or a
@@ -480,10 +483,12 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 	defer clock.stop()
 	for clock.wait(ctx) {
 		cctx, cancel := context.WithTimeout(ctx, w.flushBudget())
+		held := unresolved([]*taskRun{tr})
 		st, err := tr.t.Cycle(cctx, w.cutBudget())
 		cancel()
 		switch {
 		case err == nil:
+			tr.window.adapt(st.Cut, w.cutBudget(), held)
 			if st.Records > 0 {
 				w.metrics.cycle(st.Records, st.Elapsed)
 				ts.mu.Lock()
@@ -515,7 +520,10 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 			<-ctx.Done()
 			return
 		case ctx.Err() == nil:
-			w.log.Debug("commit cycle postponed", "partition", k.p, "err", err)
+			// The cut did not finish in its budget: hand out fewer records
+			// at once, so that the next one does (cutWindow).
+			tr.window.missed(held)
+			w.log.Debug("commit cycle postponed", "partition", k.p, "unresolved_at_start", held, "window", tr.window.load(), "err", err)
 		}
 	}
 }

@@ -64,11 +64,11 @@ type txnCycles struct {
 	// while it is maxFences stops the worker (zombieRule). Guarded by mu.
 	fences int
 	// window bounds the records a source of the worker has handed out and
-	// not yet resolved (claimProducer.awaitWindow), so that a cut, which
-	// waits for all of them, fits in the transaction: it shrinks when a
-	// cut is slow or misses the transaction's deadline and grows back when
-	// cuts are quick (adapt). It outlives sessions and renewals.
-	window atomic.Int64
+	// not yet resolved (cutWindow), so that a cut, which waits for all of
+	// them, fits in the transaction: it shrinks when a cut is slow or
+	// misses the transaction's deadline and grows back when cuts are
+	// quick. It outlives sessions and renewals.
+	window cutWindow
 	// handedAt is each running task's Handed count at the last cycle: a
 	// task whose sources handed out nothing since is idle, and only then
 	// does a cycle look for transaction markers to skip (see cycle).
@@ -78,17 +78,8 @@ type txnCycles struct {
 
 func newTxnCycles(w *Worker) *txnCycles {
 	x := &txnCycles{w: w, wake: make(chan struct{}, 1), pending: map[*taskRun]struct{}{}, opened: make(chan struct{})}
-	x.window.Store(maxWindow)
 	return x
 }
-
-// The bounds of txnCycles.window, in records per source partition: at
-// least minWindow (a record and its neighbours always go out), at most
-// maxWindow (no bound: the agents' queues and Sarama's fetches bound it).
-const (
-	minWindow = 16
-	maxWindow = 1 << 30
-)
 
 // cutDeadline is the part of the transaction timeout a transaction may
 // spend before its cut: what is left is for the flush and the commit. A
@@ -110,29 +101,6 @@ func unresolved(trs []*taskRun) int64 {
 		}
 	}
 	return most
-}
-
-// adapt moves the window after a cycle whose cut took cut, the sources
-// holding at most held unresolved records when it began (AIMD on the cut's
-// time, as TCP Vegas does on delay): a cut over half the cut budget
-// shrinks the window to three quarters of what was held, a cut under an
-// eighth of it grows the window by a quarter (to no bound once it passes
-// what the sources hold anyway).
-func (x *txnCycles) adapt(cut time.Duration, held int64) {
-	budget := x.w.cutBudget()
-	win := x.window.Load()
-	switch {
-	case cut > budget/2:
-		win = max(min(win, held)*3/4, minWindow)
-	case cut < budget/8 && win < maxWindow:
-		win += win/4 + minWindow
-		if win > 4*held+1024 {
-			win = maxWindow
-		}
-	default:
-		return
-	}
-	x.window.Store(win)
 }
 
 // handOut is held by a source while it hands out one record or one fetched
@@ -518,7 +486,7 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 	}
 	switch {
 	case err == nil:
-		x.adapt(st.Cut, held)
+		x.window.adapt(st.Cut, w.cutBudget(), held)
 		if st.Records > 0 {
 			w.metrics.cycle(st.Records, st.Elapsed)
 		}
@@ -535,11 +503,11 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 		// The cut missed the deadline: the records handed out take longer
 		// than the transaction may. Abort it now and hand out fewer.
 		left := unresolved(trs)
-		x.window.Store(max(min(x.window.Load(), held)/2, minWindow))
+		x.window.missed(held)
 		w.metrics.txn.timedOut.Inc()
 		w.log.Warn("transaction could not cut before its deadline; aborting it and handing out fewer records at once",
 			"transaction_age", time.Since(x.began), "deadline", w.cutDeadline(), "transaction_timeout", w.txnTimeout(),
-			"unresolved_at_start", held, "unresolved", left, "window", x.window.Load(), "err", err)
+			"unresolved_at_start", held, "unresolved", left, "window", x.window.load(), "err", err)
 		x.abortLocked(fmt.Errorf("transaction cut deadline (%v of its %v timeout) passed: %w", w.cutDeadline(), w.txnTimeout(), err))
 		return err
 	default:
