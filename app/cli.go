@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,7 +57,10 @@ func (a *App) execute(ctx context.Context, cmd *cobra.Command) int {
 func (a *App) Command() *cobra.Command {
 	var logLevel, logFormat string
 	root := &cobra.Command{
-		Use:           a.id,
+		// The usage lines name the binary the user ran ("changeaudit
+		// dev [flags]"), not the app ID, which is a consumer group's
+		// name (change-audit).
+		Use:           binaryName(a.id),
 		Short:         fmt.Sprintf("Runnel app %s", a.id),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -289,6 +293,19 @@ line to resume from with --from-line.`,
 	root.AddCommand(worker, dev, describe, tables, send, a.assignmentCommand(), a.replayCommand())
 	root.AddCommand(a.dlqCommand()) // dlq_cmd.go
 	return root
+}
+
+// binaryName is the name the process was started as (its base name, without
+// .exe), or fallback when there is none.
+func binaryName(fallback string) string {
+	if len(os.Args) == 0 {
+		return fallback
+	}
+	name := strings.TrimSuffix(filepath.Base(os.Args[0]), ".exe")
+	if name == "" || name == "." || name == string(filepath.Separator) {
+		return fallback
+	}
+	return name
 }
 
 func firstNonEmpty(s ...string) string {

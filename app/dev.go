@@ -129,7 +129,7 @@ func (a *App) Dev(ctx context.Context, o DevOptions) error {
 	if o.Dump != "" {
 		return writeTable(o.Out, o.Dump, tables[o.Dump], o.JSONOut, 0)
 	}
-	fmt.Fprintf(o.Out, "processed %d records, retried %d, dead-lettered %d", res.Processed, res.Retried, res.DeadLettered)
+	fmt.Fprintf(o.Out, "processed %s, retried %d, dead-lettered %d", plural(res.Processed, "record"), res.Retried, res.DeadLettered)
 	if res.DeadLettered > 0 {
 		fmt.Fprint(o.Out, " (they stay in the embedded broker; on Kafka: dlq list, dlq tail AGENT)")
 	}
@@ -424,7 +424,7 @@ func writeTable(w io.Writer, name string, m map[string]any, asJSON bool, top int
 		rows = rows[:top]
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s (%d keys)\n", name, len(m))
+	fmt.Fprintf(&b, "%s (%s)\n", name, plural(int64(len(m)), "key"))
 	for _, r := range rows {
 		fmt.Fprintf(&b, "  %-40s %v\n", r.k, r.v)
 	}

@@ -91,15 +91,23 @@ type SendError struct {
 }
 
 func (e *SendError) Error() string {
-	msg := fmt.Sprintf("send stopped: %v; %d records were sent, every line before %d included: resume with --from-line %d",
-		e.Err, e.Sent, e.ResumeLine, e.ResumeLine)
+	were := "were"
+	if e.Sent == 1 {
+		were = "was"
+	}
+	msg := fmt.Sprintf("send stopped: %v; %s %s sent, every line before %d included: resume with --from-line %d",
+		e.Err, plural(e.Sent, "record"), were, e.ResumeLine, e.ResumeLine)
 	if n := len(e.AckedAfter); n > 0 {
 		shown := e.AckedAfter[:min(n, 10)]
 		list := strings.Trim(fmt.Sprint(shown), "[]")
 		if n > len(shown) {
 			list += fmt.Sprintf(" and %d more", n-len(shown))
 		}
-		msg += fmt.Sprintf(" (%d later lines were sent as well and would be sent again: %s)", n, list)
+		if n == 1 {
+			msg += fmt.Sprintf(" (1 later line was sent as well and would be sent again: %s)", list)
+		} else {
+			msg += fmt.Sprintf(" (%d later lines were sent as well and would be sent again: %s)", n, list)
+		}
 	}
 	return msg
 }
@@ -508,7 +516,7 @@ func sendLines(ctx context.Context, client sarama.Client, topic string, partitio
 		var le LineError
 		if errors.As(stop, &le) || errors.Is(stop, ErrTruncatedInput) || errors.Is(stop, ErrCorruptInput) {
 			// A bad line or a bad file: what was read before it was sent.
-			return st, fmt.Errorf("%w (%d records sent before it; resume with --from-line %d once fixed)", stop, st.Records, tr.next)
+			return st, fmt.Errorf("%w (%s sent before it; resume with --from-line %d once fixed)", stop, plural(st.Records, "record"), tr.next)
 		}
 	}
 	se := &SendError{Sent: tr.acked, ResumeLine: tr.next, Err: errors.Join(tr.err, stop, cerr)}
@@ -595,7 +603,7 @@ func prepareInput(path string, o SendOptions) (*preparedInput, error) {
 	p.st, err = validateLines(r, o.rules())
 	in.Close()
 	if err == nil && o.FromLine > p.st.Lines+1 {
-		err = fmt.Errorf("--from-line %d is past the end of the input (%d lines)", o.FromLine, p.st.Lines)
+		err = fmt.Errorf("--from-line %d is past the end of the input (%s)", o.FromLine, plural(int64(p.st.Lines), "line"))
 	}
 	if err != nil {
 		p.close()
