@@ -62,19 +62,36 @@ func (t *Topic[K, V]) ValueCodec() string { return t.vc.Name() }
 // CheckValue returns the value codec's error for b, nil when b decodes: what
 // `send` asks of every line before it produces anything.
 func (t *Topic[K, V]) CheckValue(b []byte) error {
-	if _, err := t.vc.Decode(b); err != nil {
-		return fmt.Errorf("value codec %s: %w", t.vc.Name(), err)
-	}
-	return nil
+	_, err := t.DecodeValue(b)
+	return err
 }
 
 // CheckKey returns the key codec's error for b, nil when b decodes: what
 // `send --key-field` asks of every line's key before it produces anything.
 func (t *Topic[K, V]) CheckKey(b []byte) error {
-	if _, err := t.kc.Decode(b); err != nil {
-		return fmt.Errorf("key codec %s: %w", t.kc.Name(), err)
+	_, err := t.DecodeKey(b)
+	return err
+}
+
+// DecodeKey decodes b with the key codec, as an agent of the topic does: the
+// error names the codec. `dlq tail` shows dead letters with it.
+func (t *Topic[K, V]) DecodeKey(b []byte) (any, error) {
+	k, err := t.kc.Decode(b)
+	if err != nil {
+		return nil, fmt.Errorf("key codec %s: %w", t.kc.Name(), err)
 	}
-	return nil
+	return k, nil
+}
+
+// DecodeValue decodes b with the value codec, as an agent of the topic
+// does: the error names the codec. `dlq tail` shows dead letters with it
+// and `dlq replay` checks that the agent will decode what it sends back.
+func (t *Topic[K, V]) DecodeValue(b []byte) (any, error) {
+	v, err := t.vc.Decode(b)
+	if err != nil {
+		return nil, fmt.Errorf("value codec %s: %w", t.vc.Name(), err)
+	}
+	return v, nil
 }
 
 // Codecs returns the key and value codecs.

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strings"
+	"sync"
 
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/codec"
@@ -25,6 +27,8 @@ type App struct {
 	// cfgErrs are the environment variables that did not parse (New);
 	// validate reports them with the rest of the configuration's problems.
 	cfgErrs []error
+	// idWarning logs, once, that the app ID holds '.' or '_' (Topology).
+	idWarning sync.Once
 }
 
 // New declares an app. id names the consumer group and prefixes changelog topics.
@@ -120,6 +124,7 @@ func Topic[K any, V any](a *App, name string, kc codec.Codec[K], vc codec.Codec[
 // Topology returns the declared graph, with table partition counts resolved
 // and co-partitioning validated; the error lists every declaration problem.
 func (a *App) Topology() (*topology.Graph, error) {
+	a.idWarning.Do(a.warnTopicCollision)
 	g := &topology.Graph{App: a.id}
 	names := make([]string, 0, len(a.topics))
 	for n := range a.topics {
@@ -147,6 +152,9 @@ func (a *App) Topology() (*topology.Graph, error) {
 			kind, l, r := j.JoinOf()
 			tt.JoinKind, tt.JoinOf = kind, []string{l, r}
 		}
+		if w, ok := d.(interface{ WindowSpec() string }); ok {
+			tt.Windows = w.WindowSpec()
+		}
 		g.Tables = append(g.Tables, tt)
 	}
 	errs := append([]error(nil), a.errs...)
@@ -154,6 +162,21 @@ func (a *App) Topology() (*topology.Graph, error) {
 		errs = append(errs, err)
 	}
 	return g, joinErrors(errs)
+}
+
+// warnTopicCollision warns when the app ID holds '.' or '_': the ID
+// prefixes the app's internal topics (changelogs, repartition and
+// dead-letter topics), and Kafka's metric names turn '.' into '_', so two
+// topics that differ only there collide (Kafka refuses to create the second
+// with InvalidTopicException, and kafka-topics warns about it). The ID stays
+// valid: a topic name allows both.
+func (a *App) warnTopicCollision() {
+	if !strings.ContainsAny(a.id, "._") {
+		return
+	}
+	a.cfg.Logger.Warn("the app ID contains '.' or '_': Kafka's metric names treat them alike, so the app's topics (<app>-<table>-changelog, ...) "+
+		"collide with topics that differ only there, and Kafka refuses to create the second; prefer '-'",
+		"app", a.id, "example", strings.NewReplacer(".", "_", "_", ".").Replace(a.id)+"-<table>-changelog")
 }
 
 // nonNilStrings returns s, or an empty slice for nil (JSON [] rather than null).

@@ -2,10 +2,14 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -53,7 +57,10 @@ func (a *App) execute(ctx context.Context, cmd *cobra.Command) int {
 func (a *App) Command() *cobra.Command {
 	var logLevel, logFormat string
 	root := &cobra.Command{
-		Use:           a.id,
+		// The usage lines name the binary the user ran ("changeaudit
+		// dev [flags]"), not the app ID, which is a consumer group's
+		// name (change-audit).
+		Use:           binaryName(a.id),
 		Short:         fmt.Sprintf("Runnel app %s", a.id),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -101,11 +108,21 @@ func (a *App) Command() *cobra.Command {
 	a.addSettingFlags(root.PersistentFlags(), worker.Flags())
 
 	var do DevOptions
+	var devIn inputFlags
 	var noProgress bool
 	dev := &cobra.Command{
 		Use:   "dev",
-		Short: "Run on an in-process broker: load --input, process it with --workers workers, print the tables",
-		Args:  cobra.NoArgs,
+		Short: "Run on an in-process broker: load the --input files, process them with --workers workers, print the tables",
+		Long: `Run on an in-process broker: load the --input files, process them with --workers
+workers until every record is processed, then print the tables.
+
+--input FILE goes to --topic (default: the app's dev input topic, app.WithDevInput);
+--input TOPIC=FILE, repeated, loads one file into each topic (a join of two
+topics). --key-field and --timestamp-field take FIELD (every input) or
+TOPIC=FIELD (that topic's inputs). A timestamp field holds an RFC 3339 string
+or epoch milliseconds: it becomes the record's timestamp (the event time of
+windowed tables). Every input is validated whole before any is loaded.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			do.Out = cmd.OutOrStdout()
 			if do.Workers < 1 {
@@ -114,14 +131,27 @@ func (a *App) Command() *cobra.Command {
 			if do.JSONOut && do.Dump == "" {
 				return fmt.Errorf("--json prints one table: name it with --dump TABLE (tables: %s)", strings.Join(a.tableNames(), ", "))
 			}
+			if len(devIn.inputs) == 0 && (devIn.topic != "" || len(devIn.keyFields) > 0 || len(devIn.tsFields) > 0) {
+				return errors.New("--topic, --key-field and --timestamp-field apply to --input files: name at least one --input")
+			}
+			if len(devIn.inputs) > 0 {
+				g, err := a.Topology()
+				if err != nil {
+					return err
+				}
+				if do.Inputs, err = a.resolveInputs(g, devIn); err != nil {
+					return err
+				}
+			}
 			if fi, err := os.Stderr.Stat(); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
 				noProgress = true // not a terminal: a progress bar would run into the log lines
 			}
-			if do.Input != "" && !noProgress {
+			if !noProgress {
 				var bar *progressbar.ProgressBar
-				do.Progress = func(loaded, total int64) {
-					if bar == nil {
-						bar = progressbar.DefaultBytes(total, "loading "+do.Input)
+				var barOf string
+				do.Progress = func(path string, loaded, total int64) {
+					if bar == nil || barOf != path {
+						bar, barOf = progressbar.DefaultBytes(total, "loading "+path), path
 					}
 					_ = bar.Set64(loaded)
 				}
@@ -130,9 +160,10 @@ func (a *App) Command() *cobra.Command {
 		},
 	}
 	dev.Flags().IntVar(&do.Workers, "workers", 1, "workers to run in this process")
-	dev.Flags().StringVar(&do.Input, "input", "", "JSONL file (.gz allowed) to produce before the workers start")
-	dev.Flags().StringVar(&do.InputTopic, "topic", "", "topic --input goes to (default: the app's dev input topic)")
-	dev.Flags().StringVar(&do.KeyField, "key-field", "", "JSON string field of each line used as the record key")
+	dev.Flags().StringArrayVar(&devIn.inputs, "input", nil, "JSONL file (.gz allowed) to produce before the workers start: FILE (to --topic) or TOPIC=FILE; repeat for several topics")
+	dev.Flags().StringVar(&devIn.topic, "topic", "", "topic a bare --input FILE goes to (default: the app's dev input topic)")
+	dev.Flags().StringArrayVar(&devIn.keyFields, "key-field", nil, "JSON string field of each line used as the record key: FIELD, or TOPIC=FIELD for one topic's inputs (default: the app's dev key field, for its dev input topic)")
+	dev.Flags().StringArrayVar(&devIn.tsFields, "timestamp-field", nil, "JSON field of each line used as the record timestamp (RFC 3339 string or epoch milliseconds): FIELD, or TOPIC=FIELD (default: the time it is loaded)")
 	dev.Flags().StringVar(&do.Dump, "dump", "", "print only this table (all: every table, whole)")
 	dev.Flags().BoolVar(&do.JSONOut, "json", false, "with --dump: print the table as one JSON object")
 	dev.Flags().IntVar(&do.Top, "top", 10, "entries of each table to print")
@@ -203,28 +234,38 @@ func (a *App) Command() *cobra.Command {
 	dump.Flags().BoolVar(&dumpJSON, "json", false, "print one JSON object {key: value}")
 	tables.AddCommand(dump)
 
-	var sendTopic, sendKey string
+	var sendIn inputFlags
 	var sendFrom int
 	send := &cobra.Command{
-		Use:   "send FILE",
-		Short: "Produce a JSONL file (.gz allowed, - for stdin) to a topic, one record a line",
-		Long: `Produce a JSONL file (.gz allowed, - for stdin) to a topic, one record a line.
-The whole file is validated first (JSON objects, the key field, the topic's value
-codec, a complete gzip stream): a bad file sends nothing. If producing fails
-halfway, the error says how many records were sent and the line to resume from
-with --from-line.`,
-		Args: cobra.ExactArgs(1),
+		Use:   "send [FILE]",
+		Short: "Produce JSONL files (.gz allowed, - for stdin) to topics, one record a line",
+		Long: `Produce JSONL files (.gz allowed, - for stdin) to topics, one record a line.
+FILE (or --input FILE) goes to --topic, by default the app's dev input topic;
+--input TOPIC=FILE, repeated, sends one file to each topic. --key-field and
+--timestamp-field take FIELD (every input) or TOPIC=FIELD (that topic's inputs);
+a timestamp field holds an RFC 3339 string or epoch milliseconds and becomes the
+record's timestamp.
+Every input is validated first (JSON objects, the key and timestamp fields, the
+topic's key and value codecs, a complete gzip stream): a bad input sends nothing.
+If producing fails halfway, the error says how many records were sent and the
+line to resume from with --from-line.`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			g, err := a.Topology()
 			if err != nil {
 				return err
 			}
-			if sendTopic == "" {
-				sendTopic, sendKey = a.cfg.topicPrefix+a.cfg.devTopic, firstNonEmpty(sendKey, a.cfg.devKeyField)
+			in := sendIn
+			in.inputs = append(slices.Clone(args), in.inputs...)
+			if len(in.inputs) == 0 {
+				return errors.New("nothing to send: name a FILE or --input TOPIC=FILE")
 			}
-			t, ok := g.Topic(sendTopic)
-			if !ok {
-				return fmt.Errorf("--topic %q is not declared by the app", sendTopic)
+			ins, err := a.resolveInputs(g, in)
+			if err != nil {
+				return err
+			}
+			if sendFrom > 0 && len(ins) > 1 {
+				return fmt.Errorf("--from-line resumes one input; %d are named", len(ins))
 			}
 			brokers, err := resolveBrokers(a.cfg.Brokers)
 			if err != nil {
@@ -236,22 +277,35 @@ with --from-line.`,
 				return err
 			}
 			defer client.Close()
-			st, err := SendInput(cmd.Context(), client, args[0], SendOptions{Topic: t.Name, Partitions: t.Partitions,
-				KeyField: sendKey, FromLine: sendFrom, CheckValue: a.valueCheck(t.Name), CheckKey: a.keyCheck(t.Name)})
-			if err != nil {
-				return fmt.Errorf("send to %s: %w", t.Name, err)
+			before := func(_ int, o *SendOptions) { o.FromLine = sendFrom }
+			after := func(i int, st SendStats) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "sent %s to %s\n", plural(st.Records, "record"), ins[i].Topic)
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "sent %d records to %s\n", st.Records, t.Name)
-			return nil
+			return a.sendInputs(cmd.Context(), client, g, ins, before, after)
 		},
 	}
-	send.Flags().StringVar(&sendTopic, "topic", "", "destination topic (default: the app's dev input topic)")
-	send.Flags().StringVar(&sendKey, "key-field", "", "JSON string field used as the record key")
+	send.Flags().StringArrayVar(&sendIn.inputs, "input", nil, "a file to send: FILE (to --topic) or TOPIC=FILE; repeat for several topics")
+	send.Flags().StringVar(&sendIn.topic, "topic", "", "topic a bare FILE goes to (default: the app's dev input topic)")
+	send.Flags().StringArrayVar(&sendIn.keyFields, "key-field", nil, "JSON string field used as the record key: FIELD, or TOPIC=FIELD for one topic's inputs (default: the app's dev key field, for its dev input topic)")
+	send.Flags().StringArrayVar(&sendIn.tsFields, "timestamp-field", nil, "JSON field used as the record timestamp (RFC 3339 string or epoch milliseconds): FIELD, or TOPIC=FIELD (default: the time of the send)")
 	send.Flags().IntVar(&sendFrom, "from-line", 0, "produce only from this line on (1-based; the resume line of a failed send); earlier lines are still validated")
 
 	root.AddCommand(worker, dev, describe, tables, send, a.assignmentCommand(), a.replayCommand())
 	root.AddCommand(a.dlqCommand()) // dlq_cmd.go
 	return root
+}
+
+// binaryName is the name the process was started as (its base name, without
+// .exe), or fallback when there is none.
+func binaryName(fallback string) string {
+	if len(os.Args) == 0 {
+		return fallback
+	}
+	name := strings.TrimSuffix(filepath.Base(os.Args[0]), ".exe")
+	if name == "" || name == "." || name == string(filepath.Separator) {
+		return fallback
+	}
+	return name
 }
 
 func firstNonEmpty(s ...string) string {
@@ -270,4 +324,12 @@ func (a *App) client(ctx context.Context) (sarama.Client, error) {
 	}
 	client, _, err := a.connect(ctx, brokers, "runnel-cli", kafka.Timeouts{}, nil)
 	return client, err
+}
+
+// plural renders n and noun, with an s unless n is 1: "1 record", "2 records".
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.FormatInt(n, 10) + " " + noun + "s"
 }

@@ -357,8 +357,9 @@ func WithRepartitionPurge(d time.Duration) Option { return func(c *Config) { c.r
 // code.
 func WithCronClock(now func() time.Time) Option { return func(c *Config) { c.cronClock = now } }
 
-// WithDevInput sets the topic and key field that `dev --input` and `send`
-// load a file into (default none: they need --topic).
+// WithDevInput sets the topic and key field that `dev --input FILE` and
+// `send FILE` load a file into (default none: they need --topic or
+// --input TOPIC=FILE).
 func WithDevInput(topic, keyField string) Option {
 	return func(c *Config) { c.devTopic, c.devKeyField = topic, keyField }
 }
@@ -836,7 +837,7 @@ var settings = []setting{
 		usage: "the app's logger; the CLI's --log-level and --log-format replace it"},
 	{name: "dev input", option: "WithDevInput",
 		def: "none", unit: "topic and key field",
-		usage: "where dev --input and send load a JSONL file (their --topic and --key-field override it)"},
+		usage: "where dev --input FILE and send FILE load a JSONL file (--topic, --input TOPIC=FILE and --key-field override it)"},
 }
 
 // commitInterval is the commit interval in effect: CommitInterval, or when

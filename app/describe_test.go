@@ -46,3 +46,27 @@ func TestDescribeSinksTablesDeadLetters(t *testing.T) {
 		t.Errorf("describe:\n%s", text)
 	}
 }
+
+// describe marks a windowed table with its windows, grace and retention.
+func TestDescribeMarksWindowedTables(t *testing.T) {
+	a := newJoinApp(t, "describe-windowed")
+	text := runCLI(t, a, []string{"unused:1"}, "describe")
+	if !strings.Contains(text, "(windowed: tumbling 24h0m0s, grace 72h0m0s, retention 720h0m0s)") {
+		t.Errorf("describe does not mark daily-orders as windowed:\n%s", text)
+	}
+	if strings.Count(text, "windowed:") != 1 {
+		t.Errorf("describe marks %d tables as windowed, want 1:\n%s", strings.Count(text, "windowed:"), text)
+	}
+	var g topology.Graph
+	if err := json.Unmarshal([]byte(runCLI(t, a, []string{"unused:1"}, "describe", "--json")), &g); err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range g.Tables {
+		if (tb.Windows != "") != (tb.Name == "daily-orders") {
+			t.Errorf("table %s: windows %q", tb.Name, tb.Windows)
+		}
+	}
+	if dot := runCLI(t, a, []string{"unused:1"}, "describe", "--dot"); !strings.Contains(dot, `"windowed table daily-orders`) {
+		t.Errorf("describe --dot does not mark the windowed table:\n%s", dot)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/runnel-dev/runnel/internal/embedded"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/table"
+	"github.com/runnel-dev/runnel/topology"
 )
 
 // DevOptions configures a dev run: an embedded broker, N workers in this
@@ -31,6 +32,13 @@ type DevOptions struct {
 	// InputTopic and KeyField say where Input goes and which string field of
 	// each line is the record key; defaults from WithDevInput.
 	InputTopic, KeyField string
+	// TimestampField, if set, is the field of Input's lines holding each
+	// record's timestamp (RFC 3339 or epoch milliseconds; see
+	// SendOptions.TimestampField).
+	TimestampField string
+	// Inputs are more inputs (dev --input TOPIC=FILE), produced after Input
+	// in their order; every input is validated before any is produced.
+	Inputs []Input
 	// Dump prints only this table (as JSON with JSONOut) instead of the top of
 	// each; "all" prints every table whole (with JSONOut one object:
 	// table name -> key -> value).
@@ -44,9 +52,10 @@ type DevOptions struct {
 	Timeout time.Duration
 	// Out receives the report (stdout); logs go to the app's logger.
 	Out io.Writer
-	// Progress, if set, is told the bytes of Input loaded so far and their total
-	// (uncompressed; the input is validated before loading starts).
-	Progress func(loaded, total int64)
+	// Progress, if set, is told, for each input in turn, its path, the
+	// bytes of it loaded so far and their total (uncompressed; the inputs
+	// are validated before loading starts).
+	Progress func(path string, loaded, total int64)
 	// Inspect, if set, is called with the running workers once the group's lag
 	// is 0, before they stop (tests look at assignments and stores here).
 	Inspect func(ws []*Worker)
@@ -120,7 +129,7 @@ func (a *App) Dev(ctx context.Context, o DevOptions) error {
 	if o.Dump != "" {
 		return writeTable(o.Out, o.Dump, tables[o.Dump], o.JSONOut, 0)
 	}
-	fmt.Fprintf(o.Out, "processed %d records, retried %d, dead-lettered %d", res.Processed, res.Retried, res.DeadLettered)
+	fmt.Fprintf(o.Out, "processed %s, retried %d, dead-lettered %d", plural(res.Processed, "record"), res.Retried, res.DeadLettered)
 	if res.DeadLettered > 0 {
 		fmt.Fprint(o.Out, " (they stay in the embedded broker; on Kafka: dlq list, dlq tail AGENT)")
 	}
@@ -151,6 +160,10 @@ func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (*Res
 	if o.KeyField == "" {
 		o.KeyField = a.cfg.devKeyField
 	}
+	inputs := o.Inputs
+	if o.Input != "" {
+		inputs = append([]Input{{Topic: o.InputTopic, Path: o.Input, KeyField: o.KeyField, TimestampField: o.TimestampField}}, inputs...)
+	}
 	g, err := a.Topology()
 	if err != nil {
 		return nil, err
@@ -162,12 +175,8 @@ func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (*Res
 	}
 	defer client.Close()
 
-	if o.Input != "" {
-		t, ok := g.Topic(o.InputTopic)
-		if !ok {
-			return nil, fmt.Errorf("--input: topic %q is not declared (set it with --topic or app.WithDevInput)", o.InputTopic)
-		}
-		if err := a.loadInput(ctx, client, o, t.Partitions); err != nil {
+	if len(inputs) > 0 {
+		if err := a.loadInputs(ctx, client, g, inputs, o.Progress); err != nil {
 			return nil, err
 		}
 	}
@@ -273,18 +282,27 @@ func (a *App) tableNames() []string {
 	return out
 }
 
-func (a *App) loadInput(ctx context.Context, client sarama.Client, o DevOptions, partitions int32) error {
+// loadInputs produces the inputs (every one validated first), logging each
+// once it is loaded.
+func (a *App) loadInputs(ctx context.Context, client sarama.Client, g *topology.Graph, ins []Input, progress func(string, int64, int64)) error {
 	start := time.Now()
-	so := SendOptions{Topic: o.InputTopic, Partitions: partitions, KeyField: o.KeyField,
-		CheckValue: a.valueCheck(o.InputTopic), CheckKey: a.keyCheck(o.InputTopic), Progress: o.Progress}
-	st, err := SendInput(ctx, client, o.Input, so)
-	if err != nil {
-		return fmt.Errorf("--input: load into %s: %w", o.InputTopic, err)
+	before := func(i int, o *SendOptions) {
+		if progress != nil {
+			path := ins[i].Path
+			o.Progress = func(done, total int64) { progress(path, done, total) }
+		}
 	}
-	if o.Progress != nil {
-		o.Progress(st.Bytes, st.Bytes)
+	after := func(i int, st SendStats) {
+		if progress != nil {
+			progress(ins[i].Path, st.Bytes, st.Bytes)
+		}
+		a.cfg.Logger.Info("input loaded", "topic", ins[i].Topic, "file", ins[i].Path, "records", st.Records,
+			"elapsed", time.Since(start).Round(time.Millisecond))
+		start = time.Now()
 	}
-	a.cfg.Logger.Info("input loaded", "topic", o.InputTopic, "records", st.Records, "elapsed", time.Since(start).Round(time.Millisecond))
+	if err := a.sendInputs(ctx, client, g, ins, before, after); err != nil {
+		return fmt.Errorf("--input: %w", err)
+	}
 	return nil
 }
 
@@ -406,7 +424,7 @@ func writeTable(w io.Writer, name string, m map[string]any, asJSON bool, top int
 		rows = rows[:top]
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s (%d keys)\n", name, len(m))
+	fmt.Fprintf(&b, "%s (%s)\n", name, plural(int64(len(m)), "key"))
 	for _, r := range rows {
 		fmt.Fprintf(&b, "  %-40s %v\n", r.k, r.v)
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/changelog"
@@ -218,11 +219,17 @@ func (a *App) dlqCommand() *cobra.Command {
 	})
 
 	var tailN int
-	var tailJSON bool
+	var tailJSON, tailRaw bool
 	tail := &cobra.Command{
 		Use:   "tail AGENT",
 		Short: "Print the agent's latest dead letters: source record, attempts, reason, key and value",
-		Args:  cobra.ExactArgs(1),
+		Long: `Print the agent's latest dead letters: where each came from, the reason, the
+delivery attempts, its key and value. Under --json, key and value are decoded with
+the agent's codecs (those of its source topic) and shown as JSON ("key_format":
+"decoded"); one the codec refuses is shown raw ("text" when it is UTF-8, else
+"base64") with the codec's error in "key_error" or "value_error", which is also
+what a replay into the agent would do to it. --raw shows both raw, undecoded.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			topic, err := a.checkAgent(args[0])
 			if err != nil {
@@ -253,13 +260,18 @@ func (a *App) dlqCommand() *cobra.Command {
 			if len(ds) > tailN {
 				ds = ds[len(ds)-tailN:]
 			}
-			return writeDeadLetters(cmd.OutOrStdout(), ds, tailJSON)
+			var dec recordDecoder
+			if !tailRaw {
+				dec = a.agentDecoder(args[0])
+			}
+			return writeDeadLetters(cmd.OutOrStdout(), ds, tailJSON, dec)
 		},
 	}
 	tail.Flags().IntVarP(&tailN, "lines", "n", 10, "dead letters to print (the latest of each partition of the topic)")
-	tail.Flags().BoolVar(&tailJSON, "json", false, "one JSON object a line (key and value base64)")
+	tail.Flags().BoolVar(&tailJSON, "json", false, "one JSON object a line, key and value decoded with the agent's codecs")
+	tail.Flags().BoolVar(&tailRaw, "raw", false, "do not decode key and value: show the bytes (under --json: a string when UTF-8, else base64)")
 
-	var dryRun, fromStart bool
+	var dryRun, fromStart, force bool
 	replay := &cobra.Command{
 		Use:   "replay AGENT",
 		Short: "Send the agent's dead letters back to their source topic and partition (after a fix)",
@@ -267,11 +279,15 @@ func (a *App) dlqCommand() *cobra.Command {
 came from, with their key, value, timestamp and own headers (the runnel-* headers
 removed). Progress is committed in the consumer group <app>-dlq-replay-<agent>:
 a second replay sends only what was dead-lettered since (--from-start sends
-everything again). --dry-run prints what would be sent and commits nothing.
+everything again). --dry-run prints what would be sent, and whether the agent's
+codecs decode it, and commits nothing.
+Before sending, the replay decodes every dead letter with the agent's codecs: if
+some still fail (the agent would dead-letter them again), it sends nothing and
+says which; --force sends them anyway.
 Records dead-lettered while the replay runs wait for the next one.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := a.ReplayDeadLetters(cmd.Context(), args[0], ReplayOptions{DryRun: dryRun, FromStart: fromStart, Out: cmd.OutOrStdout()})
+			st, err := a.ReplayDeadLetters(cmd.Context(), args[0], ReplayOptions{DryRun: dryRun, FromStart: fromStart, Force: force, Out: cmd.OutOrStdout()})
 			if err != nil {
 				return err
 			}
@@ -279,13 +295,18 @@ Records dead-lettered while the replay runs wait for the next one.`,
 			if dryRun {
 				verb = "would send back"
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "%s %d dead letters of agent %s (%d of other agents skipped, %d duplicates of a record already sent skipped)\n",
-				verb, st.Sent, args[0], st.Skipped, st.Duplicates)
+			fmt.Fprintf(cmd.ErrOrStderr(), "%s %s of agent %s (%s of other agents skipped, %s of a record already sent skipped)",
+				verb, plural(st.Sent, "dead letter"), args[0], plural(st.Skipped, "dead letter"), plural(st.Duplicates, "duplicate"))
+			if st.Undecodable > 0 {
+				fmt.Fprintf(cmd.ErrOrStderr(), "; %d of them fail the agent's decode and are dead-lettered again", st.Undecodable)
+			}
+			fmt.Fprintln(cmd.ErrOrStderr())
 			return nil
 		},
 	}
-	replay.Flags().BoolVar(&dryRun, "dry-run", false, "print the dead letters that would be sent back; send and commit nothing")
+	replay.Flags().BoolVar(&dryRun, "dry-run", false, "print the dead letters that would be sent back and whether the agent decodes them; send and commit nothing")
 	replay.Flags().BoolVar(&fromStart, "from-start", false, "ignore the progress of earlier replays: send back every dead letter the topic holds")
+	replay.Flags().BoolVar(&force, "force", false, "send back dead letters the agent's codecs still refuse (it dead-letters them again)")
 	dlq.AddCommand(tail, replay)
 	return dlq
 }
@@ -355,6 +376,11 @@ type ReplayOptions struct {
 	DryRun bool
 	// FromStart ignores the progress of earlier replays.
 	FromStart bool
+	// Force sends dead letters back even when the agent's codecs still
+	// refuse their key or value (the agent dead-letters them again).
+	// Without it such a replay sends nothing and returns an
+	// *UndecodableError.
+	Force bool
 	// Out, if set, receives one line per dead letter sent (or, with DryRun,
 	// that would be sent).
 	Out io.Writer
@@ -370,14 +396,47 @@ type ReplayStats struct {
 	// replay already (under AtLeastOnce a record processed again after a
 	// crash can be dead-lettered again: docs/ack-mode.md).
 	Sent, Skipped, Duplicates int64
+	// Undecodable is how many of Sent the agent's codecs refuse: the agent
+	// dead-letters them again (with DryRun or Force; otherwise the replay
+	// refuses to send them).
+	Undecodable int64
+}
+
+// UndecodableError is returned by ReplayDeadLetters, before it sends
+// anything, when some dead letters it would send back still fail the agent's
+// decode: the agent would dead-letter them again. ReplayOptions.Force sends
+// them anyway.
+type UndecodableError struct {
+	Agent       string
+	Undecodable int64        // dead letters that fail the decode
+	Of          int64        // dead letters the replay would send
+	First       []DeadLetter // the first few that fail (at most 3)
+	Errs        []error      // the decode error of each of First
+}
+
+func (e *UndecodableError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "nothing was sent: %d of the %s to replay still fail the decode of agent %s, which would dead-letter them again:",
+		e.Undecodable, plural(e.Of, "dead letter"), e.Agent)
+	for i, d := range e.First {
+		fmt.Fprintf(&b, "\n  %s[%d]@%d (from %s[%d]@%d): %v", d.DLQTopic, d.DLQPartition, d.DLQOffset, d.Topic, d.Partition, d.Offset, e.Errs[i])
+	}
+	if n := e.Undecodable - int64(len(e.First)); n > 0 {
+		fmt.Fprintf(&b, "\n  ... and %d more", n)
+	}
+	b.WriteString("\nfix the agent's codec (and deploy it) first; --dry-run lists each dead letter's decode, --force sends them anyway")
+	return b.String()
 }
 
 // ReplayDeadLetters sends the dead letters of agent back to the source topic
 // and partition they came from, from where the last replay stopped (the
 // consumer group "<app>-dlq-replay-<agent>") up to the dead-letter topic's
 // highwater at the start. Each partition's progress is committed once every
-// record sent up to there was acknowledged. Errors: an unknown agent, the
-// brokers', a dead letter without its source topic header.
+// record sent up to there was acknowledged. Before sending, it decodes every
+// dead letter it would send with the agent's codecs: when some fail (the
+// agent would dead-letter them again) it sends nothing and returns an
+// *UndecodableError, unless o.Force. Errors: an unknown agent, the brokers',
+// a dead letter without its source topic header.
 func (a *App) ReplayDeadLetters(ctx context.Context, agent string, o ReplayOptions) (ReplayStats, error) {
 	var st ReplayStats
 	topic, err := a.checkAgent(agent)
@@ -403,6 +462,30 @@ func (a *App) ReplayDeadLetters(ctx context.Context, agent string, o ReplayOptio
 			return st, err
 		}
 	}
+	dec := a.agentDecoder(agent)
+	if !o.DryRun && !o.Force && dec != nil {
+		// Warn first: a pass that only decodes, over what the replay
+		// would send. A dead letter the agent still cannot decode goes
+		// straight back to the dead-letter topic.
+		ue := &UndecodableError{Agent: agent}
+		var cst ReplayStats
+		err := a.scanReplay(ctx, client, topic, agent, committed, &cst, nil, func(_ *sarama.ConsumerMessage, d DeadLetter) error {
+			ue.Of++
+			if derr := decodeError(dec, d.Key, d.Value); derr != nil {
+				ue.Undecodable++
+				if len(ue.First) < 3 {
+					ue.First, ue.Errs = append(ue.First, d), append(ue.Errs, derr)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return st, err
+		}
+		if ue.Undecodable > 0 {
+			return st, ue
+		}
+	}
 	var prod *kafka.Producer
 	if !o.DryRun {
 		if prod, err = kafka.NewProducer(kafka.ProducerConfigOf(client)); err != nil {
@@ -418,37 +501,7 @@ func (a *App) ReplayDeadLetters(ctx context.Context, agent string, o ReplayOptio
 	var all []sent
 	next := map[int32]int64{} // DLQ partition -> offset after the last record read
 	partsOf := map[string]int32{}
-	// The source records sent back in this replay: a source offset names
-	// one record, so a second dead letter of it would be a copy.
-	type origin struct {
-		topic     string
-		partition int32
-		offset    int64
-	}
-	sentFrom := map[origin]bool{}
-	err = readDeadLetters(ctx, client, topic, func(p int32) (int64, error) {
-		if c, ok := committed[p]; ok {
-			return c, nil
-		}
-		return sarama.OffsetOldest, nil
-	}, func(m *sarama.ConsumerMessage) error {
-		next[m.Partition] = m.Offset + 1
-		d := decodeDeadLetter(m)
-		if d.Agent != "" && d.Agent != agent {
-			st.Skipped++
-			return nil
-		}
-		if d.Topic == "" {
-			return fmt.Errorf("dead letter %s[%d]@%d has no %s header", m.Topic, m.Partition, m.Offset, HeaderTopic)
-		}
-		if d.Partition >= 0 && d.Offset >= 0 {
-			src := origin{d.Topic, d.Partition, d.Offset}
-			if sentFrom[src] {
-				st.Duplicates++
-				return nil
-			}
-			sentFrom[src] = true
-		}
+	err = a.scanReplay(ctx, client, topic, agent, committed, &st, next, func(m *sarama.ConsumerMessage, d DeadLetter) error {
 		n, ok := partsOf[d.Topic]
 		if !ok {
 			ps, err := client.Partitions(d.Topic)
@@ -463,9 +516,18 @@ func (a *App) ReplayDeadLetters(ctx context.Context, agent string, o ReplayOptio
 			p = kafka.PartitionFor(d.Key, n) // the source topic shrank or the header is missing
 		}
 		st.Sent++
+		decoded := "ok"
+		if derr := decodeError(dec, d.Key, d.Value); derr != nil {
+			st.Undecodable++
+			decoded = "FAILS (dead-lettered again): " + derr.Error()
+		}
 		if o.Out != nil {
-			fmt.Fprintf(o.Out, "%s[%d]@%d -> %s[%d]  key=%s  reason=%s\n", m.Topic, m.Partition, m.Offset, d.Topic, p,
+			fmt.Fprintf(o.Out, "%s[%d]@%d -> %s[%d]  key=%s  reason=%s", m.Topic, m.Partition, m.Offset, d.Topic, p,
 				strconv.Quote(string(d.Key)), d.Reason)
+			if dec != nil {
+				fmt.Fprintf(o.Out, "  decode=%s", decoded)
+			}
+			fmt.Fprintln(o.Out)
 		}
 		if o.DryRun {
 			return nil
@@ -512,6 +574,51 @@ func (a *App) ReplayDeadLetters(ctx context.Context, agent string, o ReplayOptio
 	return st, errors.Join(err, sendErr)
 }
 
+// scanReplay reads the dead letters of agent's dead-letter topic that a
+// replay sends back, from committed (partition -> offset; the log start
+// where none), and calls fn with each: the agent's own, the first of each
+// source record (topic, partition, offset). It counts the others in
+// st.Skipped and st.Duplicates and, if next is not nil, records there the
+// offset after the last record read of each partition.
+func (a *App) scanReplay(ctx context.Context, client sarama.Client, topic, agent string, committed map[int32]int64,
+	st *ReplayStats, next map[int32]int64, fn func(*sarama.ConsumerMessage, DeadLetter) error) error {
+	// The source records sent back in this replay: a source offset names
+	// one record, so a second dead letter of it would be a copy.
+	type origin struct {
+		topic     string
+		partition int32
+		offset    int64
+	}
+	sentFrom := map[origin]bool{}
+	return readDeadLetters(ctx, client, topic, func(p int32) (int64, error) {
+		if c, ok := committed[p]; ok {
+			return c, nil
+		}
+		return sarama.OffsetOldest, nil
+	}, func(m *sarama.ConsumerMessage) error {
+		if next != nil {
+			next[m.Partition] = m.Offset + 1
+		}
+		d := decodeDeadLetter(m)
+		if d.Agent != "" && d.Agent != agent {
+			st.Skipped++
+			return nil
+		}
+		if d.Topic == "" {
+			return fmt.Errorf("dead letter %s[%d]@%d has no %s header", m.Topic, m.Partition, m.Offset, HeaderTopic)
+		}
+		if d.Partition >= 0 && d.Offset >= 0 {
+			src := origin{d.Topic, d.Partition, d.Offset}
+			if sentFrom[src] {
+				st.Duplicates++
+				return nil
+			}
+			sentFrom[src] = true
+		}
+		return fn(m, d)
+	})
+}
+
 // commitReplay commits offs (partition -> next offset) of topic for group
 // (a simple consumer group: generation -1, no member).
 func commitReplay(client sarama.Client, group, topic string, offs map[int32]int64) error {
@@ -546,11 +653,99 @@ func commitReplay(client sarama.Client, group, topic string, offs map[int32]int6
 	return nil
 }
 
-func writeDeadLetters(out io.Writer, ds []DeadLetter, asJSON bool) error {
+// recordDecoder decodes a record's key and value with the codecs of an
+// agent's source topic (agent.Topic implements it).
+type recordDecoder interface {
+	DecodeKey([]byte) (any, error)
+	DecodeValue([]byte) (any, error)
+}
+
+// agentDecoder returns the decoder of agent's source topic, nil when it has
+// none (an agent over a topic that is not an agent.Topic).
+func (a *App) agentDecoder(agent string) recordDecoder {
+	for _, r := range a.agents {
+		if r.Name() == agent {
+			if d, ok := a.topics[r.Topic()].(recordDecoder); ok {
+				return d
+			}
+		}
+	}
+	return nil
+}
+
+// decodeError is the error the agent's stream meets decoding the record
+// (agent.Stream.Events: a key only when there is one, then the value), nil
+// when it decodes or dec is nil.
+func decodeError(dec recordDecoder, key, value []byte) error {
+	if dec == nil {
+		return nil
+	}
+	if key != nil {
+		if _, err := dec.DecodeKey(key); err != nil {
+			return err
+		}
+	}
+	_, err := dec.DecodeValue(value)
+	return err
+}
+
+// deadLetterJSON is a dead letter as `dlq tail --json` prints it: key and
+// value decoded by the agent's codecs, or raw.
+type deadLetterJSON struct {
+	DeadLetter
+	// Key and Value shadow DeadLetter's bytes. Their format is "decoded"
+	// (the agent's codec decoded it; its JSON), "text" (the bytes, valid
+	// UTF-8, as a string) or "base64"; a null key has no format.
+	Key         json.RawMessage `json:"key"`
+	KeyFormat   string          `json:"key_format,omitempty"`
+	KeyError    string          `json:"key_error,omitempty"`
+	Value       json.RawMessage `json:"value"`
+	ValueFormat string          `json:"value_format,omitempty"`
+	ValueError  string          `json:"value_error,omitempty"`
+}
+
+// showBytes renders b for deadLetterJSON: decoded by decode when it is not
+// nil and succeeds, else raw. It returns the JSON, its format and the
+// decode error.
+func showBytes(b []byte, decode func([]byte) (any, error)) (json.RawMessage, string, string) {
+	if b == nil {
+		return json.RawMessage("null"), "", ""
+	}
+	var derr string
+	if decode != nil {
+		v, err := decode(b)
+		_, isBytes := v.([]byte) // a bytes codec: shown raw, not as JSON base64 of the same bytes
+		switch {
+		case err != nil:
+			derr = err.Error()
+		case !isBytes:
+			j, err := json.Marshal(v)
+			if err == nil {
+				return j, "decoded", ""
+			}
+			derr = "decoded, but not representable as JSON: " + err.Error()
+		}
+	}
+	if utf8.Valid(b) {
+		j, _ := json.Marshal(string(b)) // a valid string always marshals
+		return j, "text", derr
+	}
+	j, _ := json.Marshal(b) // base64
+	return j, "base64", derr
+}
+
+func writeDeadLetters(out io.Writer, ds []DeadLetter, asJSON bool, dec recordDecoder) error {
 	if asJSON {
+		var decodeKey, decodeValue func([]byte) (any, error)
+		if dec != nil {
+			decodeKey, decodeValue = dec.DecodeKey, dec.DecodeValue
+		}
 		enc := json.NewEncoder(out)
 		for _, d := range ds {
-			if err := enc.Encode(d); err != nil {
+			j := deadLetterJSON{DeadLetter: d}
+			j.Key, j.KeyFormat, j.KeyError = showBytes(d.Key, decodeKey)
+			j.Value, j.ValueFormat, j.ValueError = showBytes(d.Value, decodeValue)
+			if err := enc.Encode(j); err != nil {
 				return err
 			}
 		}
@@ -564,6 +759,9 @@ func writeDeadLetters(out io.Writer, ds []DeadLetter, asJSON bool) error {
 		fmt.Fprintf(out, "%s[%d]@%d  from %s[%d]@%d  agent=%s  attempts=%d  at=%s\n  reason: %s\n  key: %s\n  value: %s\n",
 			d.DLQTopic, d.DLQPartition, d.DLQOffset, d.Topic, d.Partition, d.Offset, d.Agent, d.Attempts, d.DeadLetteredAt,
 			d.Reason, strconv.Quote(string(d.Key)), strconv.Quote(string(d.Value)))
+		if err := decodeError(dec, d.Key, d.Value); err != nil {
+			fmt.Fprintf(out, "  decode: fails: %v (a replay dead-letters it again)\n", err)
+		}
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -23,6 +24,10 @@ import (
 func ReadTable(ctx context.Context, client sarama.Client, d table.Def) (map[string]any, error) {
 	topic := d.Changelog()
 	parts, err := client.Partitions(topic)
+	if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+		return nil, fmt.Errorf("table %s: its changelog topic %s does not exist yet: start a worker first (it creates the app's topics), or try the app with dev on the in-process broker: %w",
+			d.Name(), topic, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("table %s: partitions of %s: %w", d.Name(), topic, err)
 	}

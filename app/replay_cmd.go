@@ -198,8 +198,8 @@ func writeReplayResult(w io.Writer, r *replay.Result) {
 	if s := r.Elapsed.Seconds(); s > 0 {
 		rate = float64(r.Records) / s
 	}
-	fmt.Fprintf(w, "replayed %s into group %s with effect %s: %d records (%d out of the time range, %d rejected), %d gaps; "+
+	fmt.Fprintf(w, "replayed %s into group %s with effect %s: %s (%d out of the time range, %d rejected), %s; "+
 		"effect applied %d, duplicates %d, errors %d; other effects skipped %d, sends suppressed %d; %s, %.0f records/s\n",
-		r.Topic, r.Group, r.Effect, r.Records, r.OutOfRange, r.Rejected, r.Gaps, r.Effects, r.Duplicates, r.EffectErrors,
+		r.Topic, r.Group, r.Effect, plural(r.Records, "record"), r.OutOfRange, r.Rejected, plural(r.Gaps, "gap"), r.Effects, r.Duplicates, r.EffectErrors,
 		r.Skipped, r.Suppressed, r.Elapsed.Round(time.Millisecond), rate)
 }

@@ -11,8 +11,10 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/internal/kafka"
@@ -89,15 +91,23 @@ type SendError struct {
 }
 
 func (e *SendError) Error() string {
-	msg := fmt.Sprintf("send stopped: %v; %d records were sent, every line before %d included: resume with --from-line %d",
-		e.Err, e.Sent, e.ResumeLine, e.ResumeLine)
+	were := "were"
+	if e.Sent == 1 {
+		were = "was"
+	}
+	msg := fmt.Sprintf("send stopped: %v; %s %s sent, every line before %d included: resume with --from-line %d",
+		e.Err, plural(e.Sent, "record"), were, e.ResumeLine, e.ResumeLine)
 	if n := len(e.AckedAfter); n > 0 {
 		shown := e.AckedAfter[:min(n, 10)]
 		list := strings.Trim(fmt.Sprint(shown), "[]")
 		if n > len(shown) {
 			list += fmt.Sprintf(" and %d more", n-len(shown))
 		}
-		msg += fmt.Sprintf(" (%d later lines were sent as well and would be sent again: %s)", n, list)
+		if n == 1 {
+			msg += fmt.Sprintf(" (1 later line was sent as well and would be sent again: %s)", list)
+		} else {
+			msg += fmt.Sprintf(" (%d later lines were sent as well and would be sent again: %s)", n, list)
+		}
 	}
 	return msg
 }
@@ -233,45 +243,113 @@ func (ls *lineScanner) err() error {
 	return fmt.Errorf("read input after line %d: %w", ls.line, err)
 }
 
-// parseLine checks one JSONL line and returns its record key (nil when
-// keyField is empty). blank is set for a line of white space only, which is
-// skipped. check, if not nil, is the destination topic's value check;
-// checkKey, if not nil, its key check (on the key field's string).
-func parseLine(b []byte, keyField string, checkKey, check func([]byte) error) (key []byte, blank bool, err error) {
+// lineRules say what a line must hold to be sent: a JSON object; a string
+// field keyField when keyField is not empty (the record key), accepted by
+// checkKey when it is not nil (the topic's key codec); a field tsField when
+// tsField is not empty (the record timestamp: an RFC 3339 string or epoch
+// milliseconds); and the whole line accepted by check when it is not nil
+// (the topic's value codec).
+type lineRules struct {
+	keyField, tsField string
+	checkKey, check   func([]byte) error
+}
+
+// parsedLine is what parseLine found in a line: the record key (nil without
+// a key field), its timestamp (zero without a timestamp field: the producer
+// stamps the send time), and whether the line is blank (white space only,
+// skipped).
+type parsedLine struct {
+	key   []byte
+	ts    time.Time
+	blank bool
+}
+
+// parseLine checks one JSONL line against r.
+func parseLine(b []byte, r lineRules) (parsedLine, error) {
+	var out parsedLine
 	t := bytes.TrimSpace(b)
 	if len(t) == 0 {
-		return nil, true, nil
+		out.blank = true
+		return out, nil
 	}
-	if keyField == "" {
+	if r.keyField == "" && r.tsField == "" {
 		if t[0] != '{' || !json.Valid(t) {
-			return nil, false, errors.New("not a JSON object")
+			return out, errors.New("not a JSON object")
 		}
 	} else {
 		var obj map[string]json.RawMessage
 		if err := json.Unmarshal(t, &obj); err != nil {
-			return nil, false, fmt.Errorf("not a JSON object: %w", err)
+			return out, fmt.Errorf("not a JSON object: %w", err)
 		}
 		if obj == nil {
-			return nil, false, errors.New("not a JSON object: null")
+			return out, errors.New("not a JSON object: null")
 		}
-		var k string
-		raw, ok := obj[keyField]
-		if !ok || json.Unmarshal(raw, &k) != nil {
-			return nil, false, fmt.Errorf("field %q is missing or not a string", keyField)
-		}
-		key = []byte(k)
-		if checkKey != nil {
-			if err := checkKey(key); err != nil {
-				return nil, false, fmt.Errorf("field %q: %w", keyField, err)
+		if r.keyField != "" {
+			var k string
+			raw, ok := obj[r.keyField]
+			if !ok || json.Unmarshal(raw, &k) != nil {
+				return out, fmt.Errorf("field %q is missing or not a string", r.keyField)
+			}
+			out.key = []byte(k)
+			if r.checkKey != nil {
+				if err := r.checkKey(out.key); err != nil {
+					return out, fmt.Errorf("field %q: %w", r.keyField, err)
+				}
 			}
 		}
-	}
-	if check != nil {
-		if err := check(b); err != nil {
-			return nil, false, err
+		if r.tsField != "" {
+			raw, ok := obj[r.tsField]
+			if !ok {
+				return out, fmt.Errorf("timestamp field %q is missing", r.tsField)
+			}
+			ts, err := parseTimestamp(raw)
+			if err != nil {
+				return out, fmt.Errorf("timestamp field %q: %w", r.tsField, err)
+			}
+			out.ts = ts
 		}
 	}
-	return key, false, nil
+	if r.check != nil {
+		if err := r.check(b); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// parseTimestamp reads a record timestamp from a JSON value: an RFC 3339
+// string ("2024-05-01T12:00:00Z", fractional seconds and any offset allowed)
+// or a whole number of milliseconds since the Unix epoch, the unit of a
+// Kafka record timestamp. Kafka reserves negative timestamps (-1 is "no
+// timestamp"), so a time before 1970 is refused.
+func parseTimestamp(raw json.RawMessage) (time.Time, error) {
+	const want = "want an RFC 3339 string or epoch milliseconds (a whole number >= 0)"
+	v := bytes.TrimSpace(raw)
+	var ts time.Time
+	switch {
+	case len(v) > 0 && v[0] == '"':
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			return time.Time{}, fmt.Errorf("%s: %w", v, err)
+		}
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("%q is not an RFC 3339 time (%s)", s, want)
+		}
+		ts = t
+	case len(v) > 0 && (v[0] == '-' || (v[0] >= '0' && v[0] <= '9')):
+		ms, err := strconv.ParseInt(string(v), 10, 64)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("%s is not a whole number of milliseconds (%s)", v, want)
+		}
+		ts = time.UnixMilli(ms)
+	default:
+		return time.Time{}, fmt.Errorf("%s: %s", v, want)
+	}
+	if ts.UnixMilli() < 0 {
+		return time.Time{}, fmt.Errorf("%s is before 1970: Kafka timestamps are milliseconds >= 0", v)
+	}
+	return ts, nil
 }
 
 // ValidateLines reads r to its end and checks every line as SendLines would
@@ -280,12 +358,12 @@ func parseLine(b []byte, keyField string, checkKey, check func([]byte) error) (k
 // value codec). It returns the counts of the input and an *InputError listing
 // the bad lines and any read error; it produces nothing.
 func ValidateLines(r io.Reader, keyField string, check func([]byte) error) (SendStats, error) {
-	return validateLines(r, keyField, nil, check)
+	return validateLines(r, lineRules{keyField: keyField, check: check})
 }
 
-// validateLines is ValidateLines with the topic's key check (checkKey, on
-// the key field's string) as well.
-func validateLines(r io.Reader, keyField string, checkKey, check func([]byte) error) (SendStats, error) {
+// validateLines is ValidateLines with every rule of rules (the key codec's
+// check and the timestamp field as well).
+func validateLines(r io.Reader, rules lineRules) (SendStats, error) {
 	var st SendStats
 	ie := &InputError{}
 	ls := newLineScanner(r)
@@ -293,7 +371,7 @@ func validateLines(r io.Reader, keyField string, checkKey, check func([]byte) er
 		b := ls.sc.Bytes()
 		st.Lines++
 		st.Bytes += int64(len(b)) + 1
-		_, blank, err := parseLine(b, keyField, checkKey, check)
+		pl, err := parseLine(b, rules)
 		if err != nil {
 			ie.Bad++
 			if len(ie.Lines) < maxLineErrors {
@@ -301,7 +379,7 @@ func validateLines(r io.Reader, keyField string, checkKey, check func([]byte) er
 			}
 			continue
 		}
-		if !blank {
+		if !pl.blank {
 			st.Records++
 		}
 	}
@@ -369,10 +447,10 @@ func (t *ackTracker) failed() bool {
 // a *SendError saying how many records were sent and from which line to
 // resume. progress, if not nil, is called with the bytes read so far.
 func SendLines(ctx context.Context, client sarama.Client, topic string, partitions int32, keyField string, r io.Reader, progress func(n int64)) (SendStats, error) {
-	return sendLines(ctx, client, topic, partitions, keyField, nil, nil, 0, r, progress)
+	return sendLines(ctx, client, topic, partitions, lineRules{keyField: keyField}, 0, r, progress)
 }
 
-func sendLines(ctx context.Context, client sarama.Client, topic string, partitions int32, keyField string, checkKey, check func([]byte) error, fromLine int, r io.Reader, progress func(n int64)) (SendStats, error) {
+func sendLines(ctx context.Context, client sarama.Client, topic string, partitions int32, rules lineRules, fromLine int, r io.Reader, progress func(n int64)) (SendStats, error) {
 	var st SendStats
 	if partitions < 1 {
 		return st, fmt.Errorf("send to %s: %d partitions", topic, partitions)
@@ -398,20 +476,21 @@ func sendLines(ctx context.Context, client sarama.Client, topic string, partitio
 		if tr.failed() {
 			break
 		}
-		key, blank, err := parseLine(b, keyField, checkKey, check)
+		pl, err := parseLine(b, rules)
 		if err != nil {
 			stop = LineError{Line: line, Err: err}
 			break
 		}
-		if blank || line < fromLine {
+		if pl.blank || line < fromLine {
 			tr.finish(line, false)
 			continue
 		}
 		part := int32(line % int(partitions))
-		if key != nil {
-			part = kafka.PartitionFor(key, partitions)
+		if pl.key != nil {
+			part = kafka.PartitionFor(pl.key, partitions)
 		}
-		msg := &sarama.ProducerMessage{Topic: topic, Partition: part, Key: bytesOrNil(key), Value: sarama.ByteEncoder(slices.Clone(b))}
+		msg := &sarama.ProducerMessage{Topic: topic, Partition: part, Key: bytesOrNil(pl.key), Value: sarama.ByteEncoder(slices.Clone(b)),
+			Timestamp: pl.ts}
 		if err := p.Send(msg, func(_ int32, _ int64, err error) {
 			if err != nil {
 				tr.fail(fmt.Errorf("line %d: %w", line, err))
@@ -437,7 +516,7 @@ func sendLines(ctx context.Context, client sarama.Client, topic string, partitio
 		var le LineError
 		if errors.As(stop, &le) || errors.Is(stop, ErrTruncatedInput) || errors.Is(stop, ErrCorruptInput) {
 			// A bad line or a bad file: what was read before it was sent.
-			return st, fmt.Errorf("%w (%d records sent before it; resume with --from-line %d once fixed)", stop, st.Records, tr.next)
+			return st, fmt.Errorf("%w (%s sent before it; resume with --from-line %d once fixed)", stop, plural(st.Records, "record"), tr.next)
 		}
 	}
 	se := &SendError{Sent: tr.acked, ResumeLine: tr.next, Err: errors.Join(tr.err, stop, cerr)}
@@ -459,6 +538,12 @@ type SendOptions struct {
 	// KeyField is the JSON string field used as the record key; empty sends
 	// records without a key.
 	KeyField string
+	// TimestampField is the JSON field holding each record's timestamp (the
+	// event time of windowed tables and stream-time timers): an RFC 3339
+	// string or epoch milliseconds. A line without it, or with another
+	// value, is bad. Empty: the producer stamps each record with the time
+	// it is sent.
+	TimestampField string
 	// FromLine skips the lines before it (1-based; 0 sends everything): the
 	// resume line of a SendError. The skipped lines are still validated.
 	FromLine int
@@ -480,43 +565,85 @@ type SendOptions struct {
 // failure while producing gives a *SendError with the line to resume from.
 // Standard input ("-") is spooled to a temporary file while it is validated.
 func SendInput(ctx context.Context, client sarama.Client, path string, o SendOptions) (SendStats, error) {
-	in, err := OpenInput(path)
+	in, err := prepareInput(path, o)
 	if err != nil {
 		return SendStats{}, err
 	}
-	var spool *os.File
+	defer in.close()
+	return in.send(ctx, client)
+}
+
+// preparedInput is an input validated whole, ready to be produced: several
+// inputs (dev and send with more than one --input) are all validated before
+// any is produced.
+type preparedInput struct {
+	path  string
+	o     SendOptions
+	st    SendStats // of the whole input
+	spool *os.File  // standard input, spooled while it was validated; nil for a file
+}
+
+// prepareInput validates the input at path with o's rules. Errors name path:
+// an *InputError (bad lines, a truncated or corrupt file), a --from-line past
+// the end, an open error.
+func prepareInput(path string, o SendOptions) (*preparedInput, error) {
+	in, err := OpenInput(path)
+	if err != nil {
+		return nil, err
+	}
+	p := &preparedInput{path: path, o: o}
 	var r io.Reader = in
 	if path == "-" {
-		if spool, err = os.CreateTemp("", "runnel-send-*.jsonl"); err != nil {
+		if p.spool, err = os.CreateTemp("", "runnel-send-*.jsonl"); err != nil {
 			in.Close()
-			return SendStats{}, fmt.Errorf("spool stdin: %w", err)
+			return nil, fmt.Errorf("spool stdin: %w", err)
 		}
-		defer func() { spool.Close(); os.Remove(spool.Name()) }()
-		r = io.TeeReader(in, spool)
+		r = io.TeeReader(in, p.spool)
 	}
-	st, err := validateLines(r, o.KeyField, o.CheckKey, o.CheckValue)
+	p.st, err = validateLines(r, o.rules())
 	in.Close()
+	if err == nil && o.FromLine > p.st.Lines+1 {
+		err = fmt.Errorf("--from-line %d is past the end of the input (%s)", o.FromLine, plural(int64(p.st.Lines), "line"))
+	}
 	if err != nil {
-		return SendStats{}, fmt.Errorf("%s: %w", path, err)
+		p.close()
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if o.FromLine > st.Lines+1 {
-		return SendStats{}, fmt.Errorf("%s: --from-line %d is past the end of the input (%d lines)", path, o.FromLine, st.Lines)
-	}
-	if spool != nil {
-		if _, err := spool.Seek(0, io.SeekStart); err != nil {
+	return p, nil
+}
+
+func (o SendOptions) rules() lineRules {
+	return lineRules{keyField: o.KeyField, tsField: o.TimestampField, checkKey: o.CheckKey, check: o.CheckValue}
+}
+
+// send produces the prepared input (read again from its file or spool).
+func (p *preparedInput) send(ctx context.Context, client sarama.Client) (SendStats, error) {
+	var r io.Reader
+	if p.spool != nil {
+		if _, err := p.spool.Seek(0, io.SeekStart); err != nil {
 			return SendStats{}, fmt.Errorf("spool stdin: %w", err)
 		}
-		r = spool
+		r = p.spool
 	} else {
-		if in, err = OpenInput(path); err != nil {
+		in, err := OpenInput(p.path)
+		if err != nil {
 			return SendStats{}, err
 		}
 		defer in.Close()
 		r = in
 	}
 	var progress func(int64)
-	if o.Progress != nil {
-		progress = func(n int64) { o.Progress(n, st.Bytes) }
+	if p.o.Progress != nil {
+		progress = func(n int64) { p.o.Progress(n, p.st.Bytes) }
 	}
-	return sendLines(ctx, client, o.Topic, o.Partitions, o.KeyField, o.CheckKey, o.CheckValue, o.FromLine, r, progress)
+	return sendLines(ctx, client, p.o.Topic, p.o.Partitions, p.o.rules(), p.o.FromLine, r, progress)
+}
+
+// close removes the spool of standard input, if any.
+func (p *preparedInput) close() {
+	if p.spool != nil {
+		p.spool.Close()
+		os.Remove(p.spool.Name())
+		p.spool = nil
+	}
 }

@@ -46,11 +46,11 @@ func FuzzValidateLines(f *testing.F) {
 		var records int64
 		var bad []int
 		for i, l := range lines {
-			_, blank, err := parseLine(bytes.TrimSuffix(l, []byte("\r")), keyField, nil, nil)
+			pl, err := parseLine(bytes.TrimSuffix(l, []byte("\r")), lineRules{keyField: keyField})
 			switch {
 			case err != nil:
 				bad = append(bad, i+1)
-			case !blank:
+			case !pl.blank:
 				records++
 			}
 		}

@@ -116,7 +116,7 @@ func runKafkaPath(b *testing.B, n, keys int) kafkaPathRates {
 		DataDir: filepath.Join(dir, "data"),
 		Timeout: 5 * time.Minute,
 		Out:     io.Discard,
-		Progress: func(n, total int64) {
+		Progress: func(_ string, n, total int64) {
 			if n == total {
 				loaded = time.Now()
 			}

@@ -43,6 +43,19 @@ func (ws Windows) Size() time.Duration { return ws.size }
 // Advance returns the distance between window starts.
 func (ws Windows) Advance() time.Duration { return ws.advance }
 
+// String describes the windows: "tumbling 24h0m0s", "hopping 1h0m0s every
+// 15m0s", with " offset 96h0m0s" when they are shifted.
+func (ws Windows) String() string {
+	out := "tumbling " + ws.size.String()
+	if ws.advance != ws.size {
+		out = "hopping " + ws.size.String() + " every " + ws.advance.String()
+	}
+	if ws.offset != 0 {
+		out += " offset " + ws.offset.String()
+	}
+	return out
+}
+
 func (ws Windows) validate() error {
 	switch {
 	case ws.size < time.Millisecond || ws.size%time.Millisecond != 0:
@@ -290,6 +303,12 @@ func (t *Windowed[K, V]) ValueCodec() string { return t.vc.Name() }
 
 // Windows returns the table's window definition.
 func (t *Windowed[K, V]) Windows() Windows { return t.ws }
+
+// WindowSpec describes the windows, grace and retention, for describe:
+// "tumbling 24h0m0s, grace 0s, retention 24h0m0s".
+func (t *Windowed[K, V]) WindowSpec() string {
+	return fmt.Sprintf("%s, grace %s, retention %s", t.ws, time.Duration(t.grace)*time.Millisecond, time.Duration(t.retention)*time.Millisecond)
+}
 
 // ChangelogConfig implements ChangelogConfigurer: compact,delete with
 // retention.ms = retention + 1 day.

@@ -58,6 +58,10 @@ type Table struct {
 	// co-partitioned.
 	JoinOf   []string `json:"join_of,omitempty"`
 	JoinKind string   `json:"join_kind,omitempty"`
+	// Windows describes a windowed table's windows, grace and retention
+	// (table.NewWindowed): its keys are key@window-start; empty for a
+	// table that is not windowed.
+	Windows string `json:"windows,omitempty"`
 }
 
 var validName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,200}$`)
@@ -254,6 +258,9 @@ func (g *Graph) WriteText(w io.Writer) error {
 		if len(t.JoinOf) == 2 {
 			fmt.Fprintf(&b, " (%s join of %s and %s)", t.JoinKind, t.JoinOf[0], t.JoinOf[1])
 		}
+		if t.Windows != "" {
+			fmt.Fprintf(&b, " (windowed: %s)", t.Windows)
+		}
 		b.WriteString("\n")
 	}
 	b.WriteString("\nco-partitioned groups (by partition count):\n")
@@ -284,7 +291,11 @@ func (g *Graph) WriteDOT(w io.Writer) error {
 		fmt.Fprintf(&b, "  %s [shape=ellipse, label=%s];\n", q("topic", t.Name), strconv.Quote(fmt.Sprintf("%s\n%d partitions", t.Name, t.Partitions)))
 	}
 	for _, t := range g.Tables {
-		fmt.Fprintf(&b, "  %s [shape=cylinder, label=%s];\n", q("table", t.Name), strconv.Quote(fmt.Sprintf("table %s\n%s", t.Name, t.Changelog)))
+		kind := "table"
+		if t.Windows != "" {
+			kind = "windowed table"
+		}
+		fmt.Fprintf(&b, "  %s [shape=cylinder, label=%s];\n", q("table", t.Name), strconv.Quote(fmt.Sprintf("%s %s\n%s", kind, t.Name, t.Changelog)))
 	}
 	dlqs := map[string]bool{}
 	for _, a := range g.Agents {

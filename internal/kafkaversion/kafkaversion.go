@@ -16,6 +16,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -201,7 +204,9 @@ func minorPrefix(v sarama.KafkaVersion) string {
 //
 // The whole detection is bounded by ctx, or by DefaultTimeout if ctx has no deadline; an
 // unreachable or silent address returns an error wrapping context.DeadlineExceeded or the
-// dial error by then. If every address fails, the error lists each failure.
+// dial error by then. If every address fails, the error lists each failure; when the
+// deadline passed first (an address accepts connections but never answers), it wraps
+// ErrNoAnswer too and reads "no Kafka answered at ADDRS within 15 s (...)".
 func Detect(ctx context.Context, addrs []string, base *sarama.Config) (sarama.KafkaVersion, error) {
 	if len(addrs) == 0 {
 		return sarama.KafkaVersion{}, errors.New("detect kafka version: no broker addresses")
@@ -211,6 +216,8 @@ func Detect(ctx context.Context, addrs []string, base *sarama.Config) (sarama.Ka
 		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
 		defer cancel()
 	}
+	deadline, _ := ctx.Deadline()
+	budget := time.Until(deadline)
 	var errs *multierror.Error
 	for _, addr := range addrs {
 		keys, err := apiVersions(ctx, addr, base)
@@ -228,7 +235,30 @@ func Detect(ctx context.Context, addrs []string, base *sarama.Config) (sarama.Ka
 		return v, nil
 	}
 	errs.ErrorFormat = oneLine
+	if ctx.Err() != context.Canceled && slices.ContainsFunc(errs.WrappedErrors(), isTimeout) {
+		// An address that accepts connections but never answers (a wrong
+		// port of another service, a stopped broker process behind a
+		// proxy, a firewall that drops): say so, in the words a user
+		// looks for, before the details.
+		return sarama.KafkaVersion{}, fmt.Errorf("%w at %s within %s (%w)", ErrNoAnswer, strings.Join(addrs, ", "), seconds(budget), errs.ErrorOrNil())
+	}
 	return sarama.KafkaVersion{}, fmt.Errorf("detect kafka version: %w", errs.ErrorOrNil())
+}
+
+// ErrNoAnswer is returned (wrapped) by Detect when no address answered
+// ApiVersions before the deadline: "no Kafka answered at ADDRS within 15 s".
+var ErrNoAnswer = errors.New("no Kafka answered")
+
+// isTimeout reports whether err is a deadline that passed: the context's,
+// or a connection's read, write or dial timeout (set to the time left).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// seconds renders d as "15 s" or "1.5 s" (tenths of a second).
+func seconds(d time.Duration) string {
+	return strconv.FormatFloat(d.Round(100*time.Millisecond).Seconds(), 'f', -1, 64) + " s"
 }
 
 // apiVersions sends one ApiVersions request to addr, giving up when ctx is done.

@@ -157,6 +157,14 @@ func TestDetectUnreachable(t *testing.T) {
 		if !strings.Contains(err.Error(), addrs[len(addrs)-1]) {
 			t.Errorf("%v: error does not name the address: %v", addrs, err)
 		}
+		// A silent address runs out the deadline: the error says so first.
+		silentToo := addrs[len(addrs)-1] == silent.Addr().String()
+		if want := "no Kafka answered at " + strings.Join(addrs, ", ") + " within 1.5 s ("; silentToo != strings.HasPrefix(err.Error(), want) {
+			t.Errorf("%v: error %q; want it to start with %q: %v", addrs, err, want, silentToo)
+		}
+		if silentToo != errors.Is(err, kafkaversion.ErrNoAnswer) {
+			t.Errorf("%v: errors.Is(err, ErrNoAnswer) = %v", addrs, !silentToo)
+		}
 		t.Logf("%v: %s: %v", addrs, took.Round(time.Millisecond), err)
 	}
 }
