@@ -54,6 +54,22 @@ type TaskStatus struct {
 	Cycles      int64   `json:"cycles"`
 	Records     int64   `json:"records"`
 	LastCycleMS float64 `json:"last_cycle_ms"`
+	// Postponed counts the cycles whose cut did not finish within the cut
+	// budget (a record below the commit point stayed unresolved): a count
+	// that keeps growing is a blocked task.
+	Postponed int64 `json:"postponed"`
+	// Handed is how many records the task's sources handed out to its
+	// agents since the task started.
+	Handed int64 `json:"handed"`
+	// CacheEntries and CacheBytes are the size of the task's write caches
+	// (the current cycle's writes, summed over its tables; bytes as
+	// Config.CacheBytes counts them: keys, values and 64 per entry).
+	CacheEntries int `json:"cache_entries"`
+	CacheBytes   int `json:"cache_bytes"`
+	// CacheWait says a source of the task waits for a cycle to cut a write
+	// cache at its hard limit (Config.WriteCacheLimit) and hands out
+	// nothing meanwhile.
+	CacheWait bool `json:"cache_wait"`
 }
 
 // taskRun is a running task: its commit-cycle loop and the claims using it.
@@ -65,6 +81,7 @@ type taskRun struct {
 	cycles int64         // guarded by taskSet.mu
 	recs   int64         // guarded by taskSet.mu
 	last   time.Duration // guarded by taskSet.mu
+	stall  int64         // cycles whose cut failed (TaskStatus.Postponed); guarded by taskSet.mu
 	wake   chan struct{}
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -199,7 +216,7 @@ func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []ta
 	commit := func(ctx context.Context, offs []task.Offset) error {
 		return ts.w.commitSync(ctx, tr, sess, offs)
 	}
-	tr = &taskRun{t: &task.Task{Partition: k.p, Tables: states, Commit: commit}, key: k, refs: 1, state: TaskRunning,
+	tr = &taskRun{t: &task.Task{Partition: k.p, Tables: states, Commit: commit, CacheLimit: ts.w.cfg.writeCacheLimit()}, key: k, refs: 1, state: TaskRunning,
 		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), failed: make(chan struct{})}
 	ts.m[k] = tr
 	ts.w.log.Info("task state", "task", fmt.Sprintf("%d/%d", k.p, k.parts), "partition", k.p, "from", "created", "to", TaskRunning)
@@ -240,15 +257,30 @@ func (ts *taskSet) set(tr *taskRun, state string) {
 // status returns every task's status, by partition.
 func (ts *taskSet) status() []TaskStatus {
 	ts.mu.Lock()
-	defer ts.mu.Unlock()
 	out := make([]TaskStatus, 0, len(ts.m))
+	trs := make([]*taskRun, 0, len(ts.m))
 	for k, tr := range ts.m {
 		st := TaskStatus{Partition: k.p, Partitions: k.parts, State: tr.state, Sources: tr.t.Sources(),
-			Cycles: tr.cycles, Records: tr.recs, LastCycleMS: float64(tr.last.Microseconds()) / 1000}
+			Cycles: tr.cycles, Records: tr.recs, LastCycleMS: float64(tr.last.Microseconds()) / 1000, Postponed: tr.stall}
+		out = append(out, st)
+		trs = append(trs, tr)
+	}
+	ts.mu.Unlock()
+	// Read without taskSet.mu: they take the sources' and the tables' locks.
+	for i, tr := range trs {
+		st := &out[i]
+		st.Handed = tr.t.Handed()
 		for _, s := range tr.t.Tables {
 			st.Tables = append(st.Tables, s.Name())
+			e, b := s.CacheSize(tr.key.p)
+			st.CacheEntries += e
+			st.CacheBytes += b
 		}
-		out = append(out, st)
+		for _, s := range tr.t.SourceList() {
+			if c, ok := s.(*claimProducer); ok && c.waitingForCache() {
+				st.CacheWait = true
+			}
+		}
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Partitions != out[j].Partitions {
@@ -303,6 +335,15 @@ func (ts *taskSet) leave(k taskKey) {
 		if ts.w.txn != nil {
 			ts.w.txn.closed(tr)
 		}
+	}
+}
+
+// postponed counts a cycle of trs whose cut failed (TaskStatus.Postponed).
+func (ts *taskSet) postponed(trs ...*taskRun) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	for _, tr := range trs {
+		tr.stall++
 	}
 }
 
@@ -389,6 +430,7 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 			<-ctx.Done()
 			return
 		case ctx.Err() == nil:
+			ts.postponed(tr)
 			w.log.Debug("commit cycle postponed", "partition", k.p, "err", err)
 		}
 	}
