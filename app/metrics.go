@@ -153,7 +153,7 @@ func newMetrics(w *Worker) *metrics {
 		cacheWaits: counter("runnel_write_cache_waits_total",
 			"Times a source partition stopped handing out records because its task's write cache of the table was at its hard limit (WithWriteCacheLimit) while a cut was blocked.", "table"),
 		cacheWaitSeconds: counter("runnel_write_cache_wait_seconds_total",
-			"Seconds source partitions spent waiting for a cycle to cut a write cache at its hard limit (WithWriteCacheLimit).", "table"),
+			"Seconds source partitions spent waiting for a cycle to cut a write cache at its hard limit (WithWriteCacheLimit); added when each wait ends.", "table"),
 		restoreLeft: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runnel_restore_remaining_records",
 			Help: "Changelog offsets an active restore still has to read (target highwater minus position); 0 when done."}, []string{"table", "partition"}),
 		restoreRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runnel_restore_rate_records_per_second",
