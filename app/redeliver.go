@@ -871,7 +871,9 @@ func (c *claimProducer) emitBatch(ctx context.Context, msgs []*sarama.ConsumerMe
 		if !ok {
 			return nil // stopping: the batch is left to the next reader
 		}
-		if err := c.emitFetched(seg, batch, release, emit); err != nil {
+		if err := c.emitFetched(seg, batch, release, emit); errors.Is(err, errCacheFull) {
+			continue // awaitCacheRoom waits for a cycle to cut the caches
+		} else if err != nil {
 			return err
 		}
 		msgs = msgs[len(seg):]
@@ -952,6 +954,10 @@ func (c *claimProducer) awaitCacheRoom(ctx context.Context) bool {
 		}
 	}
 }
+
+// errCacheFull is emitFetched's answer when a write cache of the task was at
+// its hard limit: nothing was handed out.
+var errCacheFull = errors.New("write cache at its hard limit")
 
 // waitingForCache reports whether the poll loop waits in awaitCacheRoom.
 func (c *claimProducer) waitingForCache() bool {
@@ -1138,6 +1144,20 @@ func (c *claimProducer) emitFetched(msgs []*sarama.ConsumerMessage, batch []sour
 		c.mu.Unlock()
 		release()
 		return fmt.Errorf("%s: producer closed while reading", c.pt.key)
+	}
+	if c.capped && c.pt.task != nil && c.retryAt < 0 && c.pt.task.t.OverLimit() != "" {
+		// The caches reached their hard limit since awaitCacheRoom looked
+		// (the batch waited for a cycle's cut, or for the transaction's
+		// gate, while the agents wrote what was handed out before): not
+		// handed out; emitBatch waits for room and comes back. Without
+		// this look, under a blocked cut one batch looked at before a
+		// failed cut went out after it (TestWriteCacheBoundedWhileCutBlocked
+		// under two busy loops: 512-556 records handed out after 4-5
+		// failed cuts, where 257-259 are one batch and the held record).
+		// Lock order: c.mu, then the tables' locks.
+		c.mu.Unlock()
+		release()
+		return errCacheFull
 	}
 	for _, m := range msgs {
 		c.wm.Fetched(m.Offset)
