@@ -14,6 +14,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/runnel-dev/runnel/table"
 	"github.com/spf13/pflag"
 )
 
@@ -80,6 +81,16 @@ type Config struct {
 	// task runs a cycle before the interval ends; default
 	// table.DefaultCacheBytes (4 MiB).
 	CacheBytes int
+	// WriteCacheLimit is the hard limit of a table partition's write cache
+	// (bytes, measured as CacheBytes): while a cache of a task is at or over
+	// it (a cut is blocked: a record below the commit point unresolved, a
+	// slow sink, a transaction waiting), the task's sources hand out no
+	// further record until a cycle cut it (backpressure). Records already
+	// handed out still complete, so a cache holds at most the limit plus the
+	// writes of the records in flight: per source partition, the agents'
+	// queue (1024 records) and one fetched batch (256). Default 0: twice the
+	// effective CacheBytes (8 MiB); negative: no limit. WithWriteCacheLimit.
+	WriteCacheLimit int
 	// Replicas is the number of standby replicas of each changelog partition;
 	// default 1 (clamped to workers−1).
 	Replicas int
@@ -235,6 +246,27 @@ func WithURLMapBudget(bytes int) Option { return func(c *Config) { c.MaxURLMapBy
 // group.instance.id; see Config.InstanceID. Default none.
 func WithInstanceID(id string) Option { return func(c *Config) { c.InstanceID = id } }
 
+// cacheBytes is the write-cache size at which a table partition asks for a
+// cycle (CacheBytes, or table.DefaultCacheBytes).
+func (c *Config) cacheBytes() int {
+	if c.CacheBytes > 0 {
+		return c.CacheBytes
+	}
+	return table.DefaultCacheBytes
+}
+
+// writeCacheLimit is the hard limit of a table partition's write cache in
+// bytes (WriteCacheLimit; 0: twice cacheBytes), 0 when there is none.
+func (c *Config) writeCacheLimit() int {
+	switch {
+	case c.WriteCacheLimit < 0:
+		return 0
+	case c.WriteCacheLimit > 0:
+		return c.WriteCacheLimit
+	}
+	return 2 * c.cacheBytes()
+}
+
 // WithIdleCommit sets Config.IdleCommit (default 0: a tenth of the commit
 // interval, between 20 and 200 ms; negative: cycles only every commit
 // interval and when a cache is full).
@@ -245,6 +277,15 @@ func WithIdleCommit(d time.Duration) Option { return func(c *Config) { c.IdleCom
 // Kafka Streams' statestore.cache.max.bytes (per instance there, per table
 // partition here).
 func WithCacheBytes(n int) Option { return func(c *Config) { c.CacheBytes = n } }
+
+// WithWriteCacheLimit sets Config.WriteCacheLimit, the hard limit of a
+// table partition's write cache above which its task's sources wait for a
+// cycle to cut it (bytes; default 0: twice the cache size of
+// WithCacheBytes, 8 MiB; negative: no limit; a positive limit must be at
+// least the cache size). Memory per table partition is then bounded by the
+// limit plus the writes of the records in flight (at most 1024 queued and
+// 256 fetched per source partition), while a cut is blocked.
+func WithWriteCacheLimit(n int) Option { return func(c *Config) { c.WriteCacheLimit = n } }
 
 // WithReplicas sets the standby replicas per changelog partition (default 1,
 // clamped to workers−1; negative: 0). Kafka Streams' num.standby.replicas.
@@ -704,6 +745,17 @@ var settings = []setting{
 		usage:  "a table partition's write cache at which its task cycles early (0: 4 MiB)",
 		field:  intField(func(c *Config) *int { return &c.CacheBytes }),
 		check:  nonNegative("cache bytes", func(c *Config) int64 { return int64(c.CacheBytes) })},
+	{name: "WriteCacheLimit", option: "WithWriteCacheLimit", env: "RUNNEL_WRITE_CACHE_LIMIT", flag: "write-cache-limit", worker: true,
+		def: "0 (twice CacheBytes: 8 MiB)", unit: "bytes per table partition; negative: none",
+		source: "Runnel's backpressure (docs/tables.md); Kafka Streams has none (its cache flushes instead)",
+		usage:  "a table partition's write cache at which its task's sources hand out no record until a cycle cuts it (0: twice --cache-bytes; negative: no limit)",
+		field:  intField(func(c *Config) *int { return &c.WriteCacheLimit }),
+		check: func(c *Config) error {
+			if l, b := c.WriteCacheLimit, c.cacheBytes(); l > 0 && l < b {
+				return fmt.Errorf("%d: must be at least the write cache size (%d bytes, CacheBytes), 0 or negative", l, b)
+			}
+			return nil
+		}},
 	{name: "Replicas", option: "WithReplicas", env: "RUNNEL_REPLICAS", flag: "replicas", worker: true,
 		def: "1", unit: "standby replicas per changelog partition (clamped to workers-1)",
 		source: "Kafka Streams num.standby.replicas (0 there)",

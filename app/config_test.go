@@ -117,6 +117,8 @@ func TestConfigValidate(t *testing.T) {
 		{env: map[string]string{"RUNNEL_COMMIT_INTERVAL": "soon"}, want: []string{"RUNNEL_COMMIT_INTERVAL=\"soon\"", "want a duration"}},
 		{env: map[string]string{"RUNNEL_GUARANTEE": "twice"}, want: []string{"RUNNEL_GUARANTEE", "at_least_once or exactly_once"}},
 		{env: map[string]string{"RUNNEL_REBALANCE_PROTOCOL": "sticky"}, want: []string{"RUNNEL_REBALANCE_PROTOCOL", "cooperative or eager"}},
+		{opts: []Option{WithCacheBytes(1 << 20), WithWriteCacheLimit(1 << 19)}, want: []string{"WithWriteCacheLimit", "--write-cache-limit", "must be at least the write cache size (1048576 bytes"}},
+		{env: map[string]string{"RUNNEL_WRITE_CACHE_LIMIT": "1000"}, want: []string{"RUNNEL_WRITE_CACHE_LIMIT", "must be at least the write cache size (4194304 bytes"}},
 	}
 	for i, c := range cases {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
@@ -210,5 +212,27 @@ func TestCommitIntervalDefaultByGuarantee(t *testing.T) {
 				t.Fatalf("commit interval %v, want %v (guarantee %s)", w.cfg.CommitInterval, c.want, w.cfg.Guarantee)
 			}
 		})
+	}
+}
+
+// The write cache's hard limit is twice the cache size unless set; negative
+// turns it off (0 for task.Task.CacheLimit).
+func TestWriteCacheLimitDefault(t *testing.T) {
+	for _, c := range []struct {
+		opts []Option
+		want int
+	}{
+		{want: 8 << 20},
+		{opts: []Option{WithCacheBytes(1 << 10)}, want: 2 << 10},
+		{opts: []Option{WithCacheBytes(1 << 10), WithWriteCacheLimit(5000)}, want: 5000},
+		{opts: []Option{WithWriteCacheLimit(-1)}, want: 0},
+	} {
+		a := New("limit", append([]Option{WithLogger(quietLogger())}, c.opts...)...)
+		if err := a.validate(); err != nil {
+			t.Fatalf("%+v: %v", a.cfg, err)
+		}
+		if got := a.cfg.writeCacheLimit(); got != c.want {
+			t.Errorf("CacheBytes %d, WriteCacheLimit %d: limit %d, want %d", a.cfg.CacheBytes, a.cfg.WriteCacheLimit, got, c.want)
+		}
 	}
 }

@@ -58,6 +58,10 @@ type metrics struct {
 	rebalances   prometheus.Counter
 	rebalanceDur prometheus.Histogram
 	generation   prometheus.Gauge
+	// cacheWaits and cacheWaitSeconds count the waits of a source whose
+	// task's write cache of the table was at its hard limit, and their
+	// time (claimProducer.awaitCacheRoom); by table.
+	cacheWaits, cacheWaitSeconds *prometheus.CounterVec
 
 	nRetried, nDeadLettered atomic.Int64
 	undeclared              sync.Map // agent + "\x00" + topic: undeclared sinks logged
@@ -150,6 +154,10 @@ func newMetrics(w *Worker) *metrics {
 			"Agent streams failed because a record was not resolved within the ack timeout.", "topic", "agent"),
 		cacheFlushes: counter("runnel_cache_flushes_total",
 			"Commit cycles asked for early because a table partition's write cache reached its size (WithCacheBytes).", "table"),
+		cacheWaits: counter("runnel_write_cache_waits_total",
+			"Times a source partition stopped handing out records because its task's write cache of the table was at its hard limit (WithWriteCacheLimit) while a cut was blocked.", "table"),
+		cacheWaitSeconds: counter("runnel_write_cache_wait_seconds_total",
+			"Seconds source partitions spent waiting for a cycle to cut a write cache at its hard limit (WithWriteCacheLimit); added when each wait ends.", "table"),
 		restoreLeft: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runnel_restore_remaining_records",
 			Help: "Changelog offsets an active restore still has to read (target highwater minus position); 0 when done."}, []string{"table", "partition"}),
 		restoreRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "runnel_restore_rate_records_per_second",
@@ -174,7 +182,7 @@ func newMetrics(w *Worker) *metrics {
 	m.generation = prometheus.NewGauge(prometheus.GaugeOpts{Name: "runnel_group_generation",
 		Help: "Consumer group generation of this member's latest assignment."})
 	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.startMismatch, m.taskTransitions, m.taskInvalid, m.cycleRecords, m.cycleSeconds, m.cycleSize,
-		m.processed, m.sent, m.retried, m.deadLetters, m.ackTimeouts, m.cacheFlushes, m.restoreLeft, m.restoreRate,
+		m.processed, m.sent, m.retried, m.deadLetters, m.ackTimeouts, m.cacheFlushes, m.cacheWaits, m.cacheWaitSeconds, m.restoreLeft, m.restoreRate,
 		m.rebalances, m.rebalanceDur, m.generation, m.timerFirings,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&workerCollector{w: w})
@@ -216,6 +224,10 @@ func (m *metrics) presetSeries(w *Worker) {
 	}
 	for _, d := range w.app.tables {
 		m.restored.WithLabelValues(d.Name())
+		// A global table's partitions written by this worker's tasks have
+		// write caches too (table.GlobalState), held to the same limit.
+		m.cacheWaits.WithLabelValues(d.Name())
+		m.cacheWaitSeconds.WithLabelValues(d.Name())
 		if !isGlobal(d) { // a global table has no write cache and no claims
 			m.startMismatch.WithLabelValues(d.Name())
 			m.cacheFlushes.WithLabelValues(d.Name())

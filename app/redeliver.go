@@ -632,6 +632,14 @@ type claimProducer struct {
 	// it (tests wait for it).
 	pausedAt int64 // guarded by mu
 	parked   bool  // guarded by mu
+	// resumed counts the Resumes (every cycle resumes its sources after
+	// its cut, whether it cut or not): awaitCacheRoom looks at the task's
+	// caches again after each. Guarded by mu.
+	resumed int64
+	// cacheWaiting says the poll loop waits for a cycle to cut a write
+	// cache at its hard limit (awaitCacheRoom; tests wait for it).
+	// Guarded by mu.
+	cacheWaiting bool
 
 	// retryAt is the offset of the record whose failure ended the previous
 	// incarnation, -1 none: the poll loop cycles the records before it,
@@ -841,6 +849,11 @@ func (c *claimProducer) emitBatch(ctx context.Context, msgs []*sarama.ConsumerMe
 				seg = msgs[:i]
 			}
 		}
+		// No record goes out while a write cache of the task is at its
+		// hard limit (backpressure while a cut is blocked).
+		if !c.awaitCacheRoom(ctx) {
+			return nil
+		}
 		// No more than the cycle's window of records is unresolved at once
 		// (cutWindow), so that a cut can wait for them within its budget
 		// (under ExactlyOnce, within the transaction's time).
@@ -858,7 +871,9 @@ func (c *claimProducer) emitBatch(ctx context.Context, msgs []*sarama.ConsumerMe
 		if !ok {
 			return nil // stopping: the batch is left to the next reader
 		}
-		if err := c.emitFetched(seg, batch, release, emit); err != nil {
+		if err := c.emitFetched(seg, batch, release, emit); errors.Is(err, errCacheFull) {
+			continue // awaitCacheRoom waits for a cycle to cut the caches
+		} else if err != nil {
 			return err
 		}
 		msgs = msgs[len(seg):]
@@ -870,6 +885,85 @@ func (c *claimProducer) emitBatch(ctx context.Context, msgs []*sarama.ConsumerMe
 		}
 	}
 	return nil
+}
+
+// awaitCacheRoom waits while a write cache of the partition's task is at or
+// over its hard limit (task.Task.OverLimit, Config.WriteCacheLimit), and
+// returns true once none is; false when fetching stopped, a seek back
+// started or ctx ended meanwhile.
+//
+// This is where the limit is enforced, and the only place it may be: a cut
+// waits until every record below its commit point resolved, so a table
+// write that blocked for room would keep the record it belongs to from
+// resolving, and with it the cut that makes the room (a deadlock). Holding
+// back the next records instead lets those handed out complete; the cycle
+// that cuts (whichever woke it: the wake sent here, the cache's own OnFull,
+// the commit interval) resumes the source, and the caches are looked at
+// again after every Resume. A cache therefore holds at most the limit plus
+// the writes of the records handed out before the look: per source
+// partition, the agents' queues (1024 records each) and one fetched batch
+// (maxEmitBatch). The cycle being flushed, if any, holds at most as much
+// again. Each wait is counted (runnel_write_cache_waits_total) and
+// timed (runnel_write_cache_wait_seconds_total) under the table that was
+// over.
+//
+// Writes that come from no record of a source (timers, join backfills) are
+// not held back.
+func (c *claimProducer) awaitCacheRoom(ctx context.Context) bool {
+	pt := c.pt
+	if !c.capped || pt.task == nil {
+		return true
+	}
+	c.mu.Lock()
+	seen := c.resumed
+	c.mu.Unlock()
+	name := pt.task.t.OverLimit()
+	if name == "" {
+		return true
+	}
+	began := time.Now()
+	pt.w.metrics.cacheWaits.WithLabelValues(name).Inc()
+	defer func() { pt.w.metrics.cacheWaitSeconds.WithLabelValues(name).Add(time.Since(began).Seconds()) }()
+	pt.w.log.Debug("write cache at its limit; holding records back until a cycle cuts it", "topic", pt.topic, "partition", pt.p, "table", name)
+	defer c.wakeOnDone(ctx)()
+	// Ask for a cycle: the one the cache asked for when it filled may have
+	// found its cut blocked and been postponed. Later tries come with the
+	// commit interval (each cut waits up to the cut budget).
+	pt.w.tasks.wake(pt.task.key)
+	for {
+		c.mu.Lock()
+		c.cacheWaiting = true
+		c.cond.Broadcast()
+		for c.resumed == seen {
+			if ctx.Err() != nil || c.rewind >= 0 || c.halted || c.closed || c.stopped() {
+				c.cacheWaiting = false
+				c.mu.Unlock()
+				return false
+			}
+			c.cond.Wait()
+		}
+		seen = c.resumed
+		c.mu.Unlock()
+		// OverLimit takes the tables' locks: looked at without c.mu (the
+		// Resume counter read before it catches a cut in between).
+		if pt.task.t.OverLimit() == "" {
+			c.mu.Lock()
+			c.cacheWaiting = false
+			c.mu.Unlock()
+			return true
+		}
+	}
+}
+
+// errCacheFull is emitFetched's answer when a write cache of the task was at
+// its hard limit: nothing was handed out.
+var errCacheFull = errors.New("write cache at its hard limit")
+
+// waitingForCache reports whether the poll loop waits in awaitCacheRoom.
+func (c *claimProducer) waitingForCache() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cacheWaiting
 }
 
 // awaitWindow waits until fewer records than the cycle's window are
@@ -1056,6 +1150,20 @@ func (c *claimProducer) emitFetched(msgs []*sarama.ConsumerMessage, batch []sour
 		c.mu.Unlock()
 		release()
 		return fmt.Errorf("%s: producer closed while reading", c.pt.key)
+	}
+	if c.capped && c.pt.task != nil && c.retryAt < 0 && c.pt.task.t.OverLimit() != "" {
+		// The caches reached their hard limit since awaitCacheRoom looked
+		// (the batch waited for a cycle's cut, or for the transaction's
+		// gate, while the agents wrote what was handed out before): not
+		// handed out; emitBatch waits for room and comes back. Without
+		// this look, under a blocked cut one batch looked at before a
+		// failed cut went out after it (TestWriteCacheBoundedWhileCutBlocked
+		// under two busy loops: 512-556 records handed out after 4-5
+		// failed cuts, where 257-259 are one batch and the held record).
+		// Lock order: c.mu, then the tables' locks.
+		c.mu.Unlock()
+		release()
+		return errCacheFull
 	}
 	for _, m := range msgs {
 		c.wm.Fetched(m.Offset)
@@ -1269,6 +1377,7 @@ func (c *claimProducer) Pause() int64 {
 func (c *claimProducer) Resume() {
 	c.mu.Lock()
 	c.paused = false
+	c.resumed++
 	c.cond.Broadcast()
 	c.mu.Unlock()
 }

@@ -17,9 +17,10 @@ import (
 // tables its claims bring by name and never cuts them here.
 type namedCutter string
 
-func (n namedCutter) Name() string          { return string(n) }
-func (n namedCutter) Cut(int32) table.Cycle { return nil }
-func (n namedCutter) Drop(int32)            {}
+func (n namedCutter) Name() string               { return string(n) }
+func (n namedCutter) Cut(int32) table.Cycle      { return nil }
+func (n namedCutter) Drop(int32)                 {}
+func (n namedCutter) CacheSize(int32) (int, int) { return 0, 0 }
 
 // TestTaskJoinRefusesOtherTables: the claims of one task (the co-partitioned
 // topics' partitions p) must bring the same tables. A claim that joined with

@@ -74,6 +74,22 @@ type TaskStatus struct {
 	Cycles      int64   `json:"cycles"`
 	Records     int64   `json:"records"`
 	LastCycleMS float64 `json:"last_cycle_ms"`
+	// Postponed counts the cycles whose cut did not finish within the cut
+	// budget (a record below the commit point stayed unresolved): a count
+	// that keeps growing is a blocked task.
+	Postponed int64 `json:"postponed"`
+	// Handed is how many records the task's sources handed out to its
+	// agents since the task started.
+	Handed int64 `json:"handed"`
+	// CacheEntries and CacheBytes are the size of the task's write caches
+	// (the current cycle's writes, summed over its tables; bytes as
+	// Config.CacheBytes counts them: keys, values and 64 per entry).
+	CacheEntries int `json:"cache_entries"`
+	CacheBytes   int `json:"cache_bytes"`
+	// CacheWait says a source of the task waits for a cycle to cut a write
+	// cache at its hard limit (Config.WriteCacheLimit) and hands out
+	// nothing meanwhile.
+	CacheWait bool `json:"cache_wait"`
 }
 
 // taskRun is a running task: its commit-cycle loop and the claims using it.
@@ -85,6 +101,7 @@ type taskRun struct {
 	cycles int64         // guarded by taskSet.mu
 	recs   int64         // guarded by taskSet.mu
 	last   time.Duration // guarded by taskSet.mu
+	stall  int64         // cycles whose cut failed (TaskStatus.Postponed); guarded by taskSet.mu
 	wake   chan struct{}
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -316,7 +333,7 @@ func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []ta
 	commit := func(ctx context.Context, offs []task.Offset) error {
 		return ts.w.commitSync(ctx, tr, sess, offs)
 	}
-	tr = &taskRun{t: &task.Task{Partition: k.p, Tables: states, Commit: commit}, key: k, refs: 1, state: task.Running,
+	tr = &taskRun{t: &task.Task{Partition: k.p, Tables: states, Commit: commit, CacheLimit: ts.w.cfg.writeCacheLimit()}, key: k, refs: 1, state: task.Running,
 		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), failed: make(chan struct{})}
 	ts.m[k] = tr
 	ts.settleLocked(k)
@@ -364,24 +381,44 @@ func (ts *taskSet) set(tr *taskRun, state task.State) {
 // partition count and partition.
 func (ts *taskSet) status() []TaskStatus {
 	ts.mu.Lock()
-	defer ts.mu.Unlock()
 	now := time.Now()
 	infos := ts.life.Snapshot()
 	out := make([]TaskStatus, 0, len(infos))
+	trs := make([]*taskRun, 0, len(infos))
 	for _, in := range infos {
 		k := taskKey{in.ID.Partitions, in.ID.Partition}
 		st := TaskStatus{Partition: k.p, Partitions: k.parts, State: in.State.String(),
 			SinceMS: float64(now.Sub(in.Since).Microseconds()) / 1000, Tables: []string{}}
-		if tr := ts.m[k]; tr != nil {
+		tr := ts.m[k]
+		if tr != nil {
 			st.Sources, st.Cycles, st.Records = tr.t.Sources(), tr.cycles, tr.recs
 			st.LastCycleMS = float64(tr.last.Microseconds()) / 1000
-			for _, s := range tr.t.Tables {
-				st.Tables = append(st.Tables, s.Name())
-			}
+			st.Postponed = tr.stall
 		} else {
 			st.Tables = ts.w.tableNamesOf(k)
 		}
 		out = append(out, st)
+		trs = append(trs, tr)
+	}
+	ts.mu.Unlock()
+	// Read without taskSet.mu: they take the sources' and the tables' locks.
+	for i, tr := range trs {
+		if tr == nil {
+			continue
+		}
+		st := &out[i]
+		st.Handed = tr.t.Handed()
+		for _, s := range tr.t.Tables {
+			st.Tables = append(st.Tables, s.Name())
+			e, b := s.CacheSize(tr.key.p)
+			st.CacheEntries += e
+			st.CacheBytes += b
+		}
+		for _, s := range tr.t.SourceList() {
+			if c, ok := s.(*claimProducer); ok && c.waitingForCache() {
+				st.CacheWait = true
+			}
+		}
 	}
 	return out
 }
@@ -432,6 +469,15 @@ func (ts *taskSet) leave(k taskKey) {
 		if ts.w.txn != nil {
 			ts.w.txn.closed(tr)
 		}
+	}
+}
+
+// postponed counts a cycle of trs whose cut failed (TaskStatus.Postponed).
+func (ts *taskSet) postponed(trs ...*taskRun) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	for _, tr := range trs {
+		tr.stall++
 	}
 }
 
@@ -523,6 +569,7 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 			// The cut did not finish in its budget: hand out fewer records
 			// at once, so that the next one does (cutWindow).
 			tr.window.missed(held)
+			ts.postponed(tr)
 			w.log.Debug("commit cycle postponed", "partition", k.p, "unresolved_at_start", held, "window", tr.window.load(), "err", err)
 		}
 	}

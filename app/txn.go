@@ -511,6 +511,7 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 		x.abortLocked(fmt.Errorf("transaction cut deadline (%v of its %v timeout) passed: %w", w.cutDeadline(), w.txnTimeout(), err))
 		return err
 	default:
+		w.tasks.postponed(trs...)
 		return err
 	}
 }

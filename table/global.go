@@ -339,6 +339,18 @@ func (s *GlobalState) Deactivate(p int32) {
 	s.mu.Unlock()
 }
 
+// CacheSize implements Cutter: the size of partition p's write cache (see
+// State.CacheSize), 0 when this worker does not write p.
+func (s *GlobalState) CacheSize(p int32) (entries, bytes int) {
+	s.mu.Lock()
+	ps := s.caches[p]
+	s.mu.Unlock()
+	if ps == nil {
+		return 0, 0
+	}
+	return ps.size()
+}
+
 // Cut implements Cutter: partition p's writes of the current cycle, sent
 // like a plain table's (one stamped record per key, the before-image being
 // the value before the cycle) and, once acknowledged, kept as own writes

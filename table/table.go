@@ -649,6 +649,17 @@ func (b *stateBase) cache(ev Event, p int32, ps *partState, key, value []byte, d
 	return nil
 }
 
+// CacheSize returns the size of active partition p's write cache, the
+// writes of the current cycle: entries is one per key, bytes counts keys and
+// values plus 64 bytes per entry (the measure CacheBytes is compared with).
+// The cycle being flushed is not counted. Both are 0 when p is inactive.
+func (s *State) CacheSize(p int32) (entries, bytes int) {
+	if ps := s.part(p); ps != nil {
+		return ps.size()
+	}
+	return 0, 0
+}
+
 // Drop discards partition p's cache (the writes of the current cycle), as a
 // failed record's task does before it resumes from its last cycle.
 func (s *State) Drop(p int32) {
@@ -667,6 +678,10 @@ type Cutter interface {
 	Cut(p int32) Cycle
 	// Drop discards partition p's cache.
 	Drop(p int32)
+	// CacheSize is the size of partition p's write cache (see
+	// State.CacheSize): the task holds its sources back while it is at or
+	// over the hard limit (task.Task.OverLimit).
+	CacheSize(p int32) (entries, bytes int)
 }
 
 // Cycle is one cut commit cycle of one table partition (Flush, for plain
@@ -778,6 +793,13 @@ func (ps *partState) put(key string, value []byte, del bool, limit int) (full bo
 		return true
 	}
 	return false
+}
+
+// size returns the cache's entries and bytes (see State.CacheSize).
+func (ps *partState) size() (entries, bytes int) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return len(ps.dirty), ps.bytes
 }
 
 // drop empties the cache.

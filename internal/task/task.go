@@ -88,6 +88,12 @@ type Task struct {
 	// so the store never holds a cycle whose offsets were not committed (a
 	// later cycle's before-images are read from it). Nil: no commit.
 	Commit func(ctx context.Context, offsets []Offset) error
+	// CacheLimit is the hard limit of each table partition's write cache,
+	// in bytes as table.State.CacheSize counts them (0 or less: none). At
+	// or over it, OverLimit names the table and the sources hand out no
+	// further record until a cycle cut the cache (backpressure; the
+	// worker's claim source waits, see OverLimit).
+	CacheLimit int
 
 	// cycle holds the one token of running a cycle (a channel, so that a
 	// wait for it can end with a context).
@@ -182,6 +188,30 @@ func (t *Task) Handed() int64 {
 		n += s.Handed()
 	}
 	return n
+}
+
+// OverLimit returns the name of a table whose write cache of the task's
+// partition holds CacheLimit bytes or more, "" when none does (or there is
+// no limit).
+//
+// A source must not hand out further records while it is over (the worker's
+// claim source waits before each fetched batch, and looks again whenever a
+// cycle resumes it): a cut waits until every record below the commit point is
+// resolved, so the wait must never be inside a table write of a record below
+// it (that record would never resolve, and the cut that empties the cache
+// would never come). Records already handed out still complete and write, so
+// a cache holds at most CacheLimit plus what the records handed out before
+// the source looked write.
+func (t *Task) OverLimit() string {
+	if t.CacheLimit <= 0 {
+		return ""
+	}
+	for _, tb := range t.Tables {
+		if _, b := tb.CacheSize(t.Partition); b >= t.CacheLimit {
+			return tb.Name()
+		}
+	}
+	return ""
 }
 
 // SourceList returns the sources feeding the task.

@@ -282,3 +282,43 @@ func TestCycleFailures(t *testing.T) {
 		t.Fatalf("store a=%q after a failed commit, want 2 (not applied)", v)
 	}
 }
+
+// OverLimit names the table whose write cache reached CacheLimit (bytes as
+// table.State.CacheSize counts them) until a cycle cuts it, and nothing
+// without a limit: the worker's sources hand out no record while it names
+// one.
+func TestOverLimit(t *testing.T) {
+	tk, src, counts, ev, _, _, _ := setup(t)
+	entry := len("k0") + len("1") + 64 // one key's cache entry
+	tk.CacheLimit = 3 * entry
+	for i := range 2 {
+		src.hand()
+		inc(t, counts, ev, fmt.Sprintf("k%d", i))
+	}
+	if got := tk.OverLimit(); got != "" {
+		t.Fatalf("2 entries of a 3-entry limit: over %q", got)
+	}
+	inc(t, counts, ev, "k0") // an overwrite adds nothing
+	if got := tk.OverLimit(); got != "" {
+		t.Fatalf("after an overwrite: over %q", got)
+	}
+	src.hand()
+	inc(t, counts, ev, "k2")
+	if got := tk.OverLimit(); got != "counts" {
+		t.Fatalf("3 entries of a 3-entry limit: over %q, want counts", got)
+	}
+	src.resolve(3)
+	if _, err := tk.Cycle(context.Background(), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := tk.OverLimit(); got != "" {
+		t.Fatalf("after the cycle cut the cache: over %q", got)
+	}
+	inc(t, counts, ev, "k3")
+	inc(t, counts, ev, "k4")
+	inc(t, counts, ev, "k5")
+	tk.CacheLimit = 0
+	if got := tk.OverLimit(); got != "" {
+		t.Fatalf("no limit: over %q", got)
+	}
+}

@@ -1,0 +1,191 @@
+package app_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/app"
+	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/testbroker"
+	"github.com/runnel-dev/runnel/table"
+)
+
+// TestWriteCacheBoundedWhileCutBlocked holds one record unresolved (its
+// agent bound a derived record to it and answers it only when the test
+// releases it, as a sink whose ack is late) while 3000 more records with
+// distinct keys arrive: every cut waits for the held record, so no cycle
+// empties the write cache. The source stops handing out records once the
+// cache reached its hard limit (twice WithCacheBytes: 4096 bytes, 59
+// entries of 70 bytes here), and while two more cycles try to cut and fail,
+// neither the records handed out nor the cache move (memory flat). The
+// cache stays within the documented bound: the limit plus the writes of
+// the records in flight (the agent's queue, 1024, and one fetched batch,
+// 256). Without the limit the agent would process all 3001 records into
+// the cache (210 070 bytes). After the release everything drains, every
+// key is counted exactly once, and the waits are counted and timed.
+//
+// Under ExactlyOnce the worker-wide cycle's cut waits for the held record up
+// to the transaction's cut deadline (7.5 s here) instead of being postponed
+// every cut budget: the test releases the record once the source waits at
+// the limit (within the bound), without the two failed cuts.
+func TestWriteCacheBoundedWhileCutBlocked(t *testing.T) {
+	t.Run("at_least_once", func(t *testing.T) { testWriteCacheBounded(t, app.AtLeastOnce) })
+	t.Run("exactly_once", func(t *testing.T) { testWriteCacheBounded(t, app.ExactlyOnce) })
+}
+
+func testWriteCacheBounded(t *testing.T, g app.Guarantee) {
+	brokers := testbroker.Brokers(t)
+	id := testbroker.Topic(t, "app")
+	const (
+		cacheBytes = 2048
+		limit      = 2 * cacheBytes // WithWriteCacheLimit's default
+		n          = 3000
+		entry      = len("k0000") + len("1") + 64 // one key's cache entry (State.CacheSize)
+		inFlight   = 1024 + 256 + 1               // queue, fetched batch, open window
+		bound      = limit + inFlight*entry
+	)
+	addr := freeAddr(t)
+	a := app.New(id,
+		app.WithGroupTimeouts(testbroker.SessionTimeout, testbroker.HeartbeatInterval, testbroker.RebalanceTimeout, testbroker.MaxWaitTime),
+		app.WithCommitInterval(200*time.Millisecond),
+		app.WithLogger(testLogger()),
+		app.WithTopicPrefix(id+"-"),
+		app.WithHTTPAddr(addr),
+		app.WithCacheBytes(cacheBytes),
+		app.WithGuarantee(g))
+	in := app.Topic(a, "in", codec.String(), codec.String(), app.Partitions(1))
+	seen := table.New(a, "seen", codec.String(), codec.DecimalInt64())
+	held := make(chan func(error), 1)
+	var processed atomic.Int64
+	var bound1 atomic.Bool // the record is held once (not again if a transaction aborted)
+	agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for ev := range s.Events() {
+			if ev.Key == "hold" && bound1.CompareAndSwap(false, true) {
+				// A derived record bound to the event and answered late:
+				// the record stays unresolved after the agent moved on.
+				done, ok := ev.BindPersist()
+				if !ok {
+					return errors.New("could not bind to the held record")
+				}
+				held <- done
+			}
+			if _, err := seen.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
+				return err
+			}
+			processed.Add(1)
+		}
+		return s.Err()
+	}, agent.WritesTo(seen))
+	dir := t.TempDir()
+	w, stop := goWorker(t, a, brokers, dir)
+	client := testbroker.Client(t, brokers)
+	testbroker.WaitTopic(t, client, in.Name())
+
+	msgs := []*sarama.ProducerMessage{{Topic: in.Name(), Key: sarama.StringEncoder("hold"), Value: sarama.StringEncoder("first")}}
+	for i := range n {
+		msgs = append(msgs, &sarama.ProducerMessage{Topic: in.Name(), Key: sarama.StringEncoder(fmt.Sprintf("k%04d", i)), Value: sarama.StringEncoder("x")})
+	}
+	cfg := testbroker.SaramaConfig(t)
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	prod, err := sarama.NewSyncProducer(brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	if err := prod.SendMessages(msgs); err != nil {
+		t.Fatal(err)
+	}
+	release := <-held
+
+	task := func() app.TaskStatus {
+		t.Helper()
+		ts := w.Tasks()
+		if len(ts) != 1 {
+			t.Fatalf("tasks %+v, want 1", ts)
+		}
+		return ts[0]
+	}
+	// The source waits at the limit; the agent then finishes what it was
+	// handed.
+	testbroker.Eventually(t, 60*time.Second, "the source waits for the write cache (or every record is processed)", func() bool {
+		return task().CacheWait || processed.Load() == n+1
+	})
+	before := task()
+	testbroker.Eventually(t, 30*time.Second, "the agent processed every record handed out", func() bool { return processed.Load() == before.Handed })
+	blocked := task()
+	t.Logf("blocked: handed %d of %d, cache %d entries, %d bytes (limit %d, bound %d), postponed cycles %d",
+		blocked.Handed, n+1, blocked.CacheEntries, blocked.CacheBytes, limit, bound, blocked.Postponed)
+	if blocked.CacheBytes > bound || blocked.Handed >= n {
+		t.Fatalf("cache %d entries, %d bytes, %d of %d records handed out, waiting %v: want at most %d bytes (limit %d + %d records in flight of %d bytes)",
+			blocked.CacheEntries, blocked.CacheBytes, blocked.Handed, n+1, blocked.CacheWait, bound, limit, inFlight, entry)
+	}
+	if blocked.Handed != before.Handed || !blocked.CacheWait {
+		t.Fatalf("handed %d → %d, waiting %v: the source moved while waiting at the limit", before.Handed, blocked.Handed, blocked.CacheWait)
+	}
+	if blocked.CacheBytes < limit || blocked.CacheEntries != int(blocked.Handed) {
+		t.Fatalf("the source waits with %d entries, %d bytes cached after %d records (one key each): want every record's key cached, at least the limit %d",
+			blocked.CacheEntries, blocked.CacheBytes, blocked.Handed, limit)
+	}
+	if g == app.ExactlyOnce {
+		release(nil)
+		drain(t, w, a, brokers, in.Name(), addr, stop, dir, n, false)
+		return
+	}
+	// Memory flat: two more cycles try to cut and fail (the held record is
+	// below their commit point), and nothing moves meanwhile.
+	testbroker.Eventually(t, 60*time.Second, "two more cycles postponed", func() bool { return task().Postponed >= blocked.Postponed+2 })
+	still := task()
+	if still.Handed != blocked.Handed || still.CacheEntries != blocked.CacheEntries || still.CacheBytes != blocked.CacheBytes ||
+		processed.Load() != blocked.Handed || !still.CacheWait {
+		t.Fatalf("while blocked: handed %d → %d, cache %d → %d entries, %d → %d bytes, processed %d, waiting %v; want all unchanged, waiting",
+			blocked.Handed, still.Handed, blocked.CacheEntries, still.CacheEntries, blocked.CacheBytes, still.CacheBytes, processed.Load(), still.CacheWait)
+	}
+	body := httpGet(t, "http://"+addr+"/metrics")
+	if v, _ := sample(body, "runnel_write_cache_waits_total", "table=seen"); v < 1 {
+		t.Errorf("runnel_write_cache_waits_total{table=seen} = %v while a source waits, want at least 1", v)
+	}
+
+	release(nil)
+	drain(t, w, a, brokers, in.Name(), addr, stop, dir, n, true)
+}
+
+// drain waits until the worker of a processed every record of topic, stops
+// it and checks that the store of table "seen" counts "hold" and each of
+// the n keys once. waited: the source waited through two failed cuts.
+func drain(t *testing.T, w *app.Worker, a *app.App, brokers []string, topic, addr string, stop func() error, dir string, n int, waited bool) {
+	t.Helper()
+	testbroker.WaitLag0(t, brokers, a.ID(), topic)
+	for _, ts := range w.Tasks() {
+		t.Logf("drained: handed %d, cycles %d, postponed %d", ts.Handed, ts.Cycles, ts.Postponed)
+	}
+	body := httpGet(t, "http://"+addr+"/metrics")
+	waits, _ := sample(body, "runnel_write_cache_waits_total", "table=seen")
+	secs, _ := sample(body, "runnel_write_cache_wait_seconds_total", "table=seen")
+	t.Logf("waits %v, %.2f s waiting", waits, secs)
+	if waits < 1 {
+		t.Errorf("runnel_write_cache_waits_total{table=seen} = %v, want at least 1", waits)
+	}
+	if waited && secs < 1 {
+		// The source waited at least through the two postponed cuts,
+		// each a cut budget of 1 s.
+		t.Errorf("runnel_write_cache_wait_seconds_total{table=seen} = %v, want at least 1", secs)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	got := storeTable(t, dir, "seen")
+	if len(got) != n+1 || got["hold"] != "1" {
+		t.Fatalf("store holds %d keys (hold=%q), want %d, each 1", len(got), got["hold"], n+1)
+	}
+	for i := range n {
+		if k := fmt.Sprintf("k%04d", i); got[k] != "1" {
+			t.Fatalf("%s = %q, want 1", k, got[k])
+		}
+	}
+}
