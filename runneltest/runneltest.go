@@ -42,9 +42,9 @@ type Options struct {
 	// instead of an embedded broker. The app's topics, consumer group and
 	// changelogs are created there and stay after Close (only the local
 	// stores are removed), so give every run its own app ID. The cluster
-	// must accept the group timeouts of Runnel's tests (a 3 s session
-	// timeout, below Kafka's default group.min.session.timeout.ms of 6 s:
-	// scripts/kafka sets it to 100 ms) and needs no TLS or SASL.
+	// must accept the group timeouts of Runnel's in-process workers
+	// (kafka.TestTimeouts: a 10 s session, 100 ms heartbeats, a 5 s
+	// rebalance timeout) and needs no TLS or SASL.
 	Brokers []string
 }
 

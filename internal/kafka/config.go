@@ -17,8 +17,14 @@ type Timeouts struct {
 
 // TestTimeouts keep groups from hanging on kfake, whose members waiting in
 // JoinGroup are evicted after the session timeout (see docs/kafka-compat.md):
-// the session must exceed heartbeat + fetch max wait + the slowest revoke.
-var TestTimeouts = Timeouts{Session: 3 * time.Second, Heartbeat: 100 * time.Millisecond,
+// the session must exceed heartbeat + fetch max wait + the slowest revoke. A
+// revoke may take the drain budget twice (drain, then the in-flight wait:
+// 2 × Rebalance/3, app's drainBudget) plus the final cycle; with a 3 s
+// session, under CPU load, members of `dev` were evicted in the middle of
+// their revokes and everything since the last commit was processed again
+// (issue #24). The session only bounds how long a crashed member keeps its
+// partitions, which in-process workers (dev, runneltest) never are.
+var TestTimeouts = Timeouts{Session: 10 * time.Second, Heartbeat: 100 * time.Millisecond,
 	Rebalance: 5 * time.Second, MaxWait: 100 * time.Millisecond}
 
 // NewConfig returns the Sarama configuration Runnel uses for one worker:
