@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/runnel-dev/runnel/changelog"
@@ -24,6 +25,7 @@ type source struct {
 	resolved  int64 // every record below it is resolved
 	committed int64
 	failed    bool
+	part      int32
 }
 
 func newSource() *source {
@@ -33,7 +35,7 @@ func newSource() *source {
 }
 
 func (s *source) Topic() string    { return "in" }
-func (s *source) Partition() int32 { return 0 }
+func (s *source) Partition() int32 { return s.part }
 func (s *source) Pause() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -165,6 +167,13 @@ func inc(t *testing.T, counts *table.Table[string, int64], ev event, key string)
 // A cycle waits for the records below its commit point, flushes one record
 // per key, commits, then applies; reads see the cache throughout.
 func TestCycleCutsAtResolvedCommitPoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) { cycleCutsAtResolvedCommitPoint(t) })
+}
+
+// cycleCutsAtResolvedCommitPoint runs in a synctest bubble: synctest.Wait
+// returns once every goroutine is blocked, so "not done yet" is checked
+// without sleeping.
+func cycleCutsAtResolvedCommitPoint(t *testing.T) {
 	tk, src, counts, ev, st, log, order := setup(t)
 	for range 3 {
 		src.hand()
@@ -175,7 +184,7 @@ func TestCycleCutsAtResolvedCommitPoint(t *testing.T) {
 	src.resolve(3) // record 3 (b) not yet resolved: the cut must wait for it
 	done := make(chan error, 1)
 	go func() { _, err := tk.Cycle(context.Background(), 5*time.Second); done <- err }()
-	time.Sleep(50 * time.Millisecond)
+	synctest.Wait()
 	select {
 	case err := <-done:
 		t.Fatalf("cycle ended (%v) with a record below its commit point unresolved", err)
@@ -184,7 +193,7 @@ func TestCycleCutsAtResolvedCommitPoint(t *testing.T) {
 	// Paused: the next record is handed out only after the cut.
 	handed := make(chan int64, 1)
 	go func() { handed <- src.hand() }()
-	time.Sleep(20 * time.Millisecond)
+	synctest.Wait()
 	if len(handed) != 0 {
 		t.Fatal("a record was handed out while the cycle was cutting")
 	}
