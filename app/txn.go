@@ -508,8 +508,11 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 		w.log.Warn("transaction could not cut before its deadline; aborting it and handing out fewer records at once",
 			"transaction_age", time.Since(x.began), "deadline", w.cutDeadline(), "transaction_timeout", w.txnTimeout(),
 			"unresolved_at_start", held, "unresolved", left, "window", x.window.load(), "err", err)
-		x.abortLocked(fmt.Errorf("transaction cut deadline (%v of its %v timeout) passed: %w", w.cutDeadline(), w.txnTimeout(), err))
-		return err
+		err = fmt.Errorf("transaction cut deadline (%v of its %v timeout) passed: %w", w.cutDeadline(), w.txnTimeout(), err)
+		x.abortLocked(err)
+		// Aborted already: a caller must not abort again (a final cycle
+		// would otherwise abort, and log, a second time).
+		return fmt.Errorf("%w: %w", task.ErrAbandoned, err)
 	default:
 		w.tasks.postponed(trs...)
 		return err
