@@ -3,13 +3,18 @@ package app
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/embedded"
 	"github.com/runnel-dev/runnel/internal/testbroker"
 	"github.com/runnel-dev/runnel/table"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // A rejected record is dead-lettered once, also when a later record's
@@ -73,9 +78,9 @@ func TestRejectedRecordDeadLetteredOnceAcrossRestart(t *testing.T) {
 // it; a nil set (ExactlyOnce) records nothing.
 func TestDeadLetteredPrunesBelowMarked(t *testing.T) {
 	var d deadLettered
-	d.add(4, "a")
-	d.add(4, "b")
-	d.add(9, "a")
+	d.add(4, "a", "dlq-a", 0)
+	d.add(4, "b", "dlq-b", 0)
+	d.add(9, "a", "dlq-a", 1)
 	if !d.has(4, "a") || !d.has(4, "b") || d.has(4, "c") || !d.has(9, "a") {
 		t.Fatalf("set %v", d.m)
 	}
@@ -88,9 +93,157 @@ func TestDeadLetteredPrunesBelowMarked(t *testing.T) {
 		t.Fatalf("after prune(5): %v", d.m)
 	}
 	var none *deadLettered
-	none.add(1, "a")
+	none.add(1, "a", "dlq-a", 0)
 	none.prune(0)
-	if none.has(1, "a") {
+	if none.has(1, "a") || none.metadata(0) != "" {
 		t.Fatal("a nil set remembered a dead letter")
+	}
+}
+
+// The commit metadata of a marked offset names, per dead-letter topic, the
+// lowest dead letter of a record at or after it, else where the next one can
+// go at the earliest (the floor read at the claim's start, or one past the
+// claim's last dead letter there).
+func TestDeadLetteredMetadata(t *testing.T) {
+	var d deadLettered
+	if m := d.metadata(0); m != "" {
+		t.Fatalf("empty set: metadata %q", m)
+	}
+	d.setFloor("dlq-a", 7)
+	d.setFloor("dlq-b", 3)
+	if m := d.metadata(0); m != "runnel-dlq:dlq-a=7,dlq-b=3" {
+		t.Fatalf("floors only: %q", m)
+	}
+	d.add(10, "a", "dlq-a", 12)
+	d.add(11, "a", "dlq-a", 15)
+	d.add(11, "b", "dlq-b", 4)
+	// Every dead letter is of a record at or after 10: the lowest of each topic.
+	if m := d.metadata(10); m != "runnel-dlq:dlq-a=12,dlq-b=4" {
+		t.Fatalf("marked 10: %q", m)
+	}
+	// 10 is behind the mark: dlq-a's lowest is 11's; dlq-b keeps 11's.
+	if m := d.metadata(11); m != "runnel-dlq:dlq-a=15,dlq-b=4" {
+		t.Fatalf("marked 11: %q", m)
+	}
+	// None left: one past the last written (above the floors).
+	if m := d.metadata(12); m != "runnel-dlq:dlq-a=16,dlq-b=5" {
+		t.Fatalf("marked 12: %q", m)
+	}
+	got := parseDLQMetadata(d.metadata(12))
+	if len(got) != 2 || got["dlq-a"] != 16 || got["dlq-b"] != 5 {
+		t.Fatalf("parsed %v", got)
+	}
+	for _, s := range []string{"", "other", "runnel-dlq:", "runnel-dlq:x", "runnel-dlq:x=-1", "runnel-dlq:=4"} {
+		if got := parseDLQMetadata(s); len(got) != 0 {
+			t.Errorf("parseDLQMetadata(%q) = %v, want nothing", s, got)
+		}
+	}
+	if got := parseDLQMetadata("runnel-dlq:x=y,z=2"); len(got) != 1 || got["z"] != 2 {
+		t.Errorf("a malformed pair must not hide the others: %v", got)
+	}
+	var big deadLettered
+	long := strings.Repeat("t", 600)
+	big.setFloor(long+"1", 1)
+	big.setFloor(long+"2", 2)
+	if m := big.metadata(0); m != "runnel-dlq:"+long+"1=1" {
+		t.Errorf("metadata of %d bytes, want the first topic only (at most %d bytes)", len(m), maxDLQMetadata)
+	}
+}
+
+// A record dead-lettered by a worker that stopped before its source offset
+// was committed (a crash, a kill, a revoke whose final commit failed: here
+// the coordinator refuses every offset commit after the first) is not
+// dead-lettered again by the next owner, which processes it again: the
+// committed offset's metadata names where in the dead-letter topic to look,
+// and the next owner finds the dead letter there (issue #26: one dead letter
+// per failed source record under at-least-once).
+func TestRejectedRecordDeadLetteredOnceAcrossOwners(t *testing.T) {
+	b, err := embedded.Start(embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	f := newAckFixture(t, b.Addrs())
+	var seen counter
+	agent.New(f.app, "a", f.in, func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for ev := range s.Events() {
+			if seen.inc(ev.Value); ev.Value == "bad" {
+				ev.Reject(errors.New("bad value"))
+			}
+		}
+		return s.Err()
+	})
+	run := func() (stop func()) {
+		w, err := f.app.NewWorker(WorkerOptions{MemoryStores: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- w.Run(ctx) }()
+		return func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("worker: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("worker did not stop")
+			}
+		}
+	}
+
+	stop1 := run()
+	f.produce("v0")
+	f.eventually(20*time.Second, "v0 committed", func() bool { return f.committed() == 1 })
+	var refused atomic.Int32
+	var refuse atomic.Bool
+	refuse.Store(true)
+	c := b.Cluster()
+	c.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !refuse.Load() {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		r := req.(*kmsg.OffsetCommitRequest)
+		resp := r.ResponseKind().(*kmsg.OffsetCommitResponse)
+		for _, rt := range r.Topics {
+			st := kmsg.NewOffsetCommitResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewOffsetCommitResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.CoordinatorLoadInProgress.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	f.produce("bad", "v2")
+	dlqTopic := f.app.DeadLetterTopic("a")
+	f.eventually(20*time.Second, "bad dead-lettered and v2 processed", func() bool {
+		return seen.get("v2") == 1 && len(f.read(dlqTopic)) == 1
+	})
+	stop1()
+	if refused.Load() == 0 || f.committed() != 1 {
+		t.Fatalf("commits refused %d, committed %d: want the first worker's commits after v0 refused", refused.Load(), f.committed())
+	}
+
+	refuse.Store(false)
+	stop2 := run()
+	f.eventually(30*time.Second, "v2 processed again and committed", func() bool { return seen.get("v2") == 2 && f.committed() == 3 })
+	stop2()
+	if n := seen.get("bad"); n != 2 {
+		t.Fatalf("bad processed %d times, want 2 (the second owner must process it again for this test)", n)
+	}
+	dlq := f.read(dlqTopic)
+	if len(dlq) != 1 || string(dlq[0].Value) != "bad" || header(dlq[0], HeaderOffset) != "1" {
+		var offs []string
+		for _, m := range dlq {
+			offs = append(offs, header(m, HeaderOffset))
+		}
+		t.Fatalf("dead-letter topic holds %d records (source offsets %v), want bad@1 once", len(dlq), offs)
 	}
 }

@@ -198,6 +198,12 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	pt := &partition{h: h, w: w, sess: sess, topic: topic, p: p, key: fmt.Sprintf("%s[%d]", topic, p),
 		runners: runners, feed: newClaimFeed(claim), retry: w.cfg.redelivery.withDefaults(),
 		inflight: &table.InFlight{}}
+	// Dead letters an earlier owner wrote of the records this claim hands
+	// out again are not written twice (dlq.go, at-least-once only).
+	if err := w.loadDeadLetters(ctx, pt, claim.InitialOffset()); err != nil && ctx.Err() == nil {
+		w.log.Warn("could not read the dead letters of records to be processed again; a record rejected again may be dead-lettered twice",
+			"topic", topic, "partition", p, "err", err)
+	}
 	var states []table.Cutter
 	for _, rk := range acquired {
 		states = append(states, w.tableByName(rk.table).state)

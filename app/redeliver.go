@@ -192,9 +192,11 @@ func (pt *partition) deadLetters() *deadLettered {
 // transactions commit group offsets (TxnOffsetCommit, txnCycles.cycle): a
 // session commit beside them was a second writer of the group's offsets,
 // one that could move an offset back below what a transaction committed.
+// The metadata names where the dead letters of records from next on start
+// (deadLettered.metadata), for whoever claims the partition next.
 func (pt *partition) markOffset(next int64) {
 	if pt.w.txn == nil {
-		pt.sess.MarkOffset(pt.topic, pt.p, next, "")
+		pt.sess.MarkOffset(pt.topic, pt.p, next, pt.dead.metadata(next))
 	}
 }
 
