@@ -654,6 +654,9 @@ type commitReq struct {
 	ctx  context.Context
 	sess sarama.ConsumerGroupSession
 	offs []task.Offset
+	// meta is each offset's commit metadata (where the dead letters of the
+	// records from it on start: deadLettered.metadata), as offs.
+	meta []string
 	done chan error // capacity 1
 }
 
@@ -697,7 +700,7 @@ func (q *commitQueue) unexpect(tr *taskRun) {
 // the offsets are also marked in the session, under Worker.commitMu with the
 // commit.
 func (q *commitQueue) commit(ctx context.Context, w *Worker, tr *taskRun, sess sarama.ConsumerGroupSession, offs []task.Offset) error {
-	r := &commitReq{ctx: ctx, sess: sess, offs: offs, done: make(chan error, 1)}
+	r := &commitReq{ctx: ctx, sess: sess, offs: offs, meta: commitMetadata(tr, offs), done: make(chan error, 1)}
 	q.mu.Lock()
 	q.init()
 	q.w = w
@@ -712,6 +715,29 @@ func (q *commitQueue) commit(ctx context.Context, w *Worker, tr *taskRun, sess s
 	// The result always comes: the sender answers every request it takes,
 	// and a request takes at most the client's network timeouts.
 	return <-r.done
+}
+
+// commitMetadata returns the commit metadata of each of offs, offsets of
+// tr's sources: what the source's partition marks with it (partition.markOffset,
+// deadLettered.metadata), so that a cycle's commit carries where the dead
+// letters of later records start as a session commit does (a commit with
+// empty metadata would erase it, and a session commit of the same offset
+// does not follow).
+func commitMetadata(tr *taskRun, offs []task.Offset) []string {
+	if tr == nil {
+		return nil
+	}
+	srcs := tr.t.SourceList()
+	out := make([]string, len(offs))
+	for i, o := range offs {
+		for _, s := range srcs {
+			if c, ok := s.(*claimProducer); ok && c.pt.topic == o.Topic && c.pt.p == o.Partition {
+				out[i] = c.pt.dead.metadata(o.Offset)
+				break
+			}
+		}
+	}
+	return out
 }
 
 // send sends the queued commits until the queue is empty.
@@ -831,8 +857,12 @@ func (w *Worker) commitOnce(sess sarama.ConsumerGroupSession, reqs []*commitReq)
 		req.GroupInstanceId = &id
 	}
 	for _, r := range reqs {
-		for _, o := range r.offs {
-			req.AddBlock(o.Topic, o.Partition, o.Offset, 0, "")
+		for i, o := range r.offs {
+			md := ""
+			if i < len(r.meta) {
+				md = r.meta[i]
+			}
+			req.AddBlock(o.Topic, o.Partition, o.Offset, 0, md)
 		}
 	}
 	resp, err := coord.CommitOffset(req)
