@@ -724,7 +724,7 @@ func (q *commitQueue) commit(ctx context.Context, w *Worker, tr *taskRun, sess s
 // empty metadata would erase it, and a session commit of the same offset
 // does not follow).
 func commitMetadata(tr *taskRun, offs []task.Offset) []string {
-	if tr == nil {
+	if tr == nil || tr.t == nil {
 		return nil
 	}
 	srcs := tr.t.SourceList()
