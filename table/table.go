@@ -428,11 +428,35 @@ type partState struct {
 	flushing map[string]cacheItem // the cycle being flushed, nil when none; guarded by mu
 	bytes    int                  // size of dirty; guarded by mu
 	full     bool                 // OnFull called for this cycle; guarded by mu
+	// miss is the last store read of a key in neither layer (State.get),
+	// kept so that the write that usually follows it (Update's
+	// read-modify-write) takes it as the key's before-image instead of the
+	// flush reading the store again (issue #28: each key was read from
+	// Pebble twice per cycle). gen counts the flushing layers dropped
+	// (applied or abandoned): a read older than the last one is not kept.
+	// Guarded by mu.
+	miss missRead
+	gen  uint64
+}
+
+// missRead is a store read of one key (partState.miss).
+type missRead struct {
+	key          string
+	value        []byte
+	found, valid bool
 }
 
 type cacheItem struct {
 	value   []byte // nil for a delete
 	deleted bool
+	// before is the key's value in the store before the cycle (its
+	// before-image) when the cycle's first write of the key came right
+	// after a read of it that missed the caches (hasBefore; beforeFound:
+	// the store held the key). Invariant: a key in neither layer has the
+	// same value in the store from that read to the cycle's flush, as only
+	// the apply of a cycle holding the key changes it (partState.noteMiss).
+	before                 []byte
+	hasBefore, beforeFound bool
 }
 
 // NewState creates the runtime of table d with the given store and producer.
@@ -562,17 +586,25 @@ func (s *State) part(p int32) *partState {
 }
 
 func (s *State) get(p int32, key []byte) ([]byte, bool, error) {
-	if ps := s.part(p); ps != nil {
-		if it, ok := ps.lookup(key); ok {
+	ps := s.part(p)
+	var gen uint64
+	if ps != nil {
+		it, ok, g := ps.lookupGen(key)
+		if ok {
 			s.hits.Add(1)
 			if it.deleted {
 				return nil, false, nil
 			}
 			return it.value, true, nil
 		}
+		gen = g
 	}
 	s.misses.Add(1)
-	return s.store.Get(p, key)
+	v, found, err := s.store.Get(p, key)
+	if err == nil && ps != nil {
+		ps.noteMiss(key, v, found, gen)
+	}
+	return v, found, err
 }
 
 // eachUnapplied calls fn for every write of partition p not yet in the store
@@ -765,6 +797,39 @@ func (ps *partState) cut() ([]string, []cacheItem) {
 
 // lookup reads key from the cache, then the flushing layer; found is false
 // when neither has it.
+// lookupGen is lookup that also returns the count of flushing layers
+// dropped so far (partState.gen), read with it.
+func (ps *partState) lookupGen(key []byte) (it cacheItem, found bool, gen uint64) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if it, ok := ps.dirty[string(key)]; ok {
+		return it, true, ps.gen
+	}
+	it, ok := ps.flushing[string(key)]
+	return it, ok, ps.gen
+}
+
+// noteMiss keeps a store read of key that missed both layers (State.get)
+// for the key's next write to take as its before-image. It is kept only
+// when nothing could have changed the key in the store since the lookup
+// that missed (gen): no flushing layer was dropped since (an apply
+// changes the store) and the key is still in neither layer.
+func (ps *partState) noteMiss(key, value []byte, found bool, gen uint64) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.gen != gen {
+		return
+	}
+	k := string(key)
+	if _, ok := ps.dirty[k]; ok {
+		return
+	}
+	if _, ok := ps.flushing[k]; ok {
+		return
+	}
+	ps.miss = missRead{key: k, value: value, found: found, valid: true}
+}
+
 func (ps *partState) lookup(key []byte) (it cacheItem, found bool) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
@@ -780,11 +845,20 @@ func (ps *partState) lookup(key []byte) (it cacheItem, found bool) {
 func (ps *partState) put(key string, value []byte, del bool, limit int) (full bool) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
+	it := cacheItem{value: value, deleted: del}
 	if old, ok := ps.dirty[key]; ok {
-		ps.bytes -= len(key) + len(old.value) + 64
+		ps.bytes -= len(key) + len(old.value) + len(old.before) + 64
+		it.before, it.hasBefore, it.beforeFound = old.before, old.hasBefore, old.beforeFound
+	} else if _, flushing := ps.flushing[key]; !flushing && ps.miss.valid && ps.miss.key == key {
+		// The cycle's first write of a key read from the store just before:
+		// that read is its before-image (cacheItem.before).
+		it.before, it.hasBefore, it.beforeFound = ps.miss.value, true, ps.miss.found
 	}
-	ps.dirty[key] = cacheItem{value: value, deleted: del}
-	ps.bytes += len(key) + len(value) + 64
+	if ps.miss.key == key {
+		ps.miss = missRead{} // used, or older than this write
+	}
+	ps.dirty[key] = it
+	ps.bytes += len(key) + len(value) + len(it.before) + 64
 	if limit <= 0 {
 		limit = DefaultCacheBytes
 	}
@@ -828,7 +902,14 @@ func (f *Flush) Send(sources []changelog.Source) error {
 	var sendErr error
 	for i, k := range f.keys {
 		key := []byte(k)
-		before, found, err := f.before(key)
+		var before []byte
+		var found bool
+		var err error
+		if it := f.items[i]; it.hasBefore {
+			before, found = it.before, it.beforeFound
+		} else {
+			before, found, err = f.before(key)
+		}
 		if err != nil {
 			sendErr = fmt.Errorf("table %s[%d]: read before-image: %w", f.name, f.p, err)
 			f.answer(stores.NoOffset, sendErr, len(f.keys)-i)
@@ -953,5 +1034,6 @@ func (s *State) applyCycle(f *Flush) error {
 func (f *Flush) Drop() {
 	f.ps.mu.Lock()
 	f.ps.flushing = nil
+	f.ps.gen++ // the store may hold the cycle now: older reads are not kept (noteMiss)
 	f.ps.mu.Unlock()
 }
