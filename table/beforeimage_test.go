@@ -138,7 +138,7 @@ func TestBeforeImageReadOnce(t *testing.T) {
 	if err := counts.Set(ev, k, 10); err != nil { // takes the read: before 3
 		t.Fatal(err)
 	}
-	f := s.Cut(p) // k flushing
+	f := s.Cut(p)                                 // k flushing
 	if err := counts.Set(ev, k, 11); err != nil { // k in the flushing layer: no before kept
 		t.Fatal(err)
 	}
