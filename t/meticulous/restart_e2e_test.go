@@ -373,7 +373,8 @@ func (c e2eCase) run(t interface{ Fatalf(string, ...any) }, draw func(lo, hi int
 // through assignor.Strategy and its wire format as workers run it, ends
 // with every partition on the process that ran it before, in any join
 // order, any split into up to four batches, any new member IDs, stateful
-// or mixed with stateless groups, eager or cooperative, the lag unknown.
+// or mixed with stateless groups, eager or cooperative, with the lag known
+// (KIP-441 warm-ups and their follow-ups) or not.
 func TestRestartThroughStrategies(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		c := e2eCase{
@@ -381,6 +382,7 @@ func TestRestartThroughStrategies(t *testing.T) {
 			mixed:   rapid.Bool().Draw(t, "mixed"),
 			coop:    rapid.Bool().Draw(t, "cooperative"),
 			nMax:    rapid.SampledFrom([]int{4, 12}).Draw(t, "nMax"),
+			lag:     rapid.Bool().Draw(t, "lag"),
 		}
 		k := 0
 		if os.Getenv("RUNNEL_E2E_TRACE") != "" {
@@ -398,9 +400,10 @@ func TestRestartThroughStrategies(t *testing.T) {
 
 // TestRestartThroughStrategiesStats counts, over RUNNEL_E2E_RESTART_CASES
 // (default 100) seeded cases per cell, the restarts that left a partition
-// elsewhere, and fails on any without the lag known. With it, a restart
-// whose warm-up follow-ups outlast EarlierClaimGenerations loses the
-// claims that name the homes (counted, not asserted).
+// elsewhere, and fails on any. With the lag known, a restart may take many
+// warm-up follow-ups (MaxWarmupReplicas partitions given back per
+// follow-up); before they stopped counting towards EarlierClaimGenerations
+// the claims naming the homes expired midway in 1-9 % of the cells' cases.
 func TestRestartThroughStrategiesStats(t *testing.T) {
 	if testing.Short() {
 		t.Skip("statistics")
@@ -409,7 +412,7 @@ func TestRestartThroughStrategiesStats(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("RUNNEL_E2E_RESTART_CASES")); err == nil && v > 0 {
 		cases = v
 	}
-	for _, o := range []struct{ coop, lag bool }{{false, false}, {true, false}, {false, true}} {
+	for _, o := range []struct{ coop, lag bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
 		coop, lag := o.coop, o.lag
 		for _, nMax := range []int{3, 21} {
 			for batches := 2; batches <= min(4, nMax); batches++ {
@@ -421,7 +424,7 @@ func TestRestartThroughStrategiesStats(t *testing.T) {
 						moved, n := c.run(t, func(lo, hi int) int { return lo + r.IntN(hi-lo+1) })
 						if len(moved) > 0 {
 							fails++
-							if fails <= 3 && !lag {
+							if fails <= 3 {
 								t.Errorf("seed %d, %d members, %+v: %v", seed, n, c, moved)
 							}
 						}
