@@ -399,7 +399,7 @@ func TestRestartThroughStrategies(t *testing.T) {
 }
 
 // TestRestartThroughStrategiesStats counts, over RUNNEL_E2E_RESTART_CASES
-// (default 100) seeded cases per cell, the restarts that left a partition
+// (default 25) seeded cases per cell, the restarts that left a partition
 // elsewhere, and fails on any. With the lag known, a restart may take many
 // warm-up follow-ups (MaxWarmupReplicas partitions given back per
 // follow-up); before they stopped counting towards EarlierClaimGenerations
@@ -408,7 +408,7 @@ func TestRestartThroughStrategiesStats(t *testing.T) {
 	if testing.Short() {
 		t.Skip("statistics")
 	}
-	cases := 100
+	cases := 25
 	if v, err := strconv.Atoi(os.Getenv("RUNNEL_E2E_RESTART_CASES")); err == nil && v > 0 {
 		cases = v
 	}
@@ -432,6 +432,42 @@ func TestRestartThroughStrategiesStats(t *testing.T) {
 					t.Logf("cooperative %v, lag %v, 2..%d members, %d batches, mixed %v: %d of %d restarts left a partition elsewhere", coop, lag, nMax, batches, mixed, fails, cases)
 				}
 			}
+		}
+	}
+}
+
+// Issue #26's smallest case end to end: one stateful group of 13
+// partitions, no replicas, three processes; the one holding 5 (the
+// ceil(13/3) share) rejoins last, after the two holding 4. Before the fix
+// it ended with 4 and one of its partitions stayed on a process that kept 5.
+func TestRestartCeilShareRejoinsLastThroughStrategies(t *testing.T) {
+	for _, coop := range []bool{false, true} {
+		r := rand.New(rand.NewPCG(26, 13))
+		g := &e2eGroup{sources: map[string]int32{"st": 13}, changelogs: map[string]int32{"st-changelog": 13}, coop: coop,
+			draw: func(lo, hi int) int { return lo + r.IntN(hi-lo+1) }, used: map[string]bool{}, gen: 7}
+		for range 3 {
+			g.members = append(g.members, g.newProc())
+		}
+		g.settle(t)
+		before := g.owners()
+		var ceil *e2eProc
+		var back []*e2eProc
+		for _, p := range g.members {
+			if len(p.strat.Current().Actives["st"]) == 5 {
+				ceil = g.restart(t, p)
+			} else {
+				back = append(back, g.restart(t, p))
+			}
+		}
+		if ceil == nil || len(back) != 2 {
+			t.Fatalf("no single process holds 5 of 13: %v", before)
+		}
+		g.members = back
+		g.settle(t)
+		g.members = append(g.members, ceil)
+		g.settle(t)
+		if after := g.owners(); !maps.Equal(after["st"], before["st"]) {
+			t.Errorf("cooperative %v: before the restart %v, after %v", coop, before["st"], after["st"])
 		}
 	}
 }
