@@ -403,7 +403,8 @@ func TestRestartThroughStrategies(t *testing.T) {
 // elsewhere, and fails on any. With the lag known, a restart may take many
 // warm-up follow-ups (MaxWarmupReplicas partitions given back per
 // follow-up); before they stopped counting towards EarlierClaimGenerations
-// the claims naming the homes expired midway in 1-9 % of the cells' cases.
+// the claims naming the homes expired midway in 0-13 % of a cell's cases
+// (500 each; docs/assignment.md).
 func TestRestartThroughStrategiesStats(t *testing.T) {
 	if testing.Short() {
 		t.Skip("statistics")
