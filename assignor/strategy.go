@@ -22,19 +22,31 @@ const StrategyName = "runnel"
 // default (10 minutes).
 const DefaultProbingRebalanceInterval = 10 * time.Minute
 
-// EarlierClaimGenerations is how many generations after the one it held
-// them a restarted member keeps claiming the actives of its persisted
+// EarlierClaimGenerations is for how many settled generations after its
+// return a restarted member keeps claiming the actives of its persisted
 // assignment that it has not been given back (Assignment.Earlier): the
 // leader gives each back to it where the balance allows, so that a group
 // restarted as a whole, whatever order its members rejoin in, ends where it
-// was (docs/assignment.md, Restarts). A restart whose members rejoin in b
-// batches takes b generations, 2b under the cooperative protocol (a moving
-// partition is revoked in one and assigned in the next), plus a warm-up
-// follow-up per MaxWarmupReplicas partitions it lags on (KIP-441: each is
-// given back once caught up); 32 leaves room for that and bounds how long
-// a claim that can no longer be honoured (the group came back with other
-// members) may still pull a partition back when the balance allows.
+// was (docs/assignment.md, Restarts). A generation is settled when its plan
+// needed no probe: the KIP-441 follow-ups, one per MaxWarmupReplicas
+// partitions the members lag on, each giving partitions back once their
+// warm-ups caught up, do not count, however many a large restart takes
+// (with 32 generations counted from the one before the restart, a restart
+// lagging on more than about 60 partitions lost the claims midway). A
+// restart whose members rejoin in b batches takes b generations, 2b under
+// the cooperative protocol (a moving partition is revoked in one and
+// assigned in the next); 32 leaves room for that and bounds how long a
+// claim that can no longer be honoured (the group came back with other
+// members) may still pull a partition back when the balance allows. The
+// generations before the member's return do not count either; a claim
+// older than EarlierClaimMaxAge generations is dropped in any case.
 const EarlierClaimGenerations = 32
+
+// EarlierClaimMaxAge bounds Assignment.Earlier whatever the follow-ups: a
+// claim of a partition held more than this many generations ago is dropped
+// (32 × EarlierClaimGenerations: a restart giving back 2 partitions per
+// follow-up, MaxWarmupReplicas' default, can return about 2000).
+const EarlierClaimMaxAge = 32 * EarlierClaimGenerations
 
 // DefaultMaxURLMapBytes is the default Config.MaxURLMapBytes: 256 KiB of URL
 // maps over all members' assignments, a quarter of the broker's default
@@ -126,7 +138,8 @@ type Assignment struct {
 	// Earlier maps topic -> partition -> generation: the actives of the
 	// assignment this member persisted before a restart (Restore) that it
 	// does not hold now, and the generation it held them at, for
-	// EarlierClaimGenerations generations after that one. It reports them
+	// EarlierClaimGenerations settled generations after its return (at
+	// most EarlierClaimMaxAge after that one). It reports them
 	// to the leader (subscription v4, Member.Earlier): a partition the
 	// first plans after the restart gave to another member is then still
 	// known to be this member's when the whole group is back.
@@ -156,9 +169,14 @@ type Strategy struct {
 	restored  *Assignment               // from Restore: reported by SubscriptionUserData until the first OnAssignment
 	// home maps topic -> partition -> generation: the actives of the
 	// restored assignment (and its Earlier ones), claimed back in
-	// Assignment.Earlier while not held, until EarlierClaimGenerations
-	// have passed since the generation each was held at (then dropped).
+	// Assignment.Earlier while not held, until the member has been through
+	// EarlierClaimGenerations settled generations (settled) or
+	// EarlierClaimMaxAge have passed since the generation each was held at
+	// (then dropped).
 	home map[string]map[int32]int32
+	// settled counts the generations since Restore whose plan needed no
+	// probe (assignment data without the probe flag).
+	settled int32
 	// warmSignalled is the generation for which CheckWarmups last signalled
 	// (-2 never): one follow-up rebalance per generation.
 	warmSignalled int32
@@ -407,6 +425,7 @@ func (s *Strategy) AssignmentData(memberID string, topics map[string][]int32, ge
 func (s *Strategy) OnAssignment(assignment *sarama.ConsumerGroupMemberAssignment, generationID int32) {
 	var a Assignment
 	data, err := decodeAssignment(assignment.UserData)
+	settled := err != nil || !data.Probe
 	if err != nil {
 		if len(assignment.UserData) > 0 {
 			s.log.Warn("runnel assignor: assignment user data ignored", "generation", generationID, "err", err)
@@ -434,6 +453,9 @@ func (s *Strategy) OnAssignment(assignment *sarama.ConsumerGroupMemberAssignment
 		prev = *s.restored
 	}
 	a.Since = heldSince(prev, a, generationID)
+	if settled && len(s.home) > 0 {
+		s.settled++
+	}
 	a.Earlier = s.earlierClaims(a, generationID)
 	s.cur = a
 	s.groupGen = max(s.groupGen, generationID)
@@ -481,14 +503,16 @@ func heldSince(prev, a Assignment, gen int32) map[string]map[int32]int32 {
 
 // earlierClaims returns Assignment.Earlier for a, received in generation
 // gen: the partitions of s.home that a neither holds nor has pending. It
-// first drops from s.home what was held more than EarlierClaimGenerations
-// ago, or at or above gen (a data dir of an earlier incarnation of the
-// group, whose generations started again). Called with s.mu held.
+// first drops from s.home everything once the member has been through more
+// than EarlierClaimGenerations settled generations since its return, and
+// what was held more than EarlierClaimMaxAge generations ago or at or above
+// gen (a data dir of an earlier incarnation of the group, whose generations
+// started again). Called with s.mu held.
 func (s *Strategy) earlierClaims(a Assignment, gen int32) map[string]map[int32]int32 {
 	var out map[string]map[int32]int32
 	for t, ps := range s.home {
 		for p, g := range ps {
-			if g >= gen || gen-g > EarlierClaimGenerations {
+			if g >= gen || gen-g > EarlierClaimMaxAge || s.settled > EarlierClaimGenerations {
 				delete(ps, p)
 				continue
 			}
@@ -548,9 +572,10 @@ func cloneGens(m map[string]map[int32]int32) map[string]map[int32]int32 {
 // actives, standbys and warm-ups with their generation, so that after a
 // restart the member gets its partitions back instead of joining as a
 // newcomer; from its first assignment on it reports the restored actives it
-// does not hold (Assignment.Earlier), for EarlierClaimGenerations
-// generations, so that the leader still knows them once the whole group is
-// back. Current is not affected (the member holds
+// does not hold (Assignment.Earlier), for EarlierClaimGenerations settled
+// generations (those whose plan needed no probe), so that the leader still
+// knows them once the whole group is back, however many warm-up follow-ups
+// that takes. Current is not affected (the member holds
 // nothing until the group assigns it). Only the first call before any
 // OnAssignment has an effect; it
 // reports whether the state was taken. The leader ranks the claims like any

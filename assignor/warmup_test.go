@@ -131,8 +131,10 @@ func TestSinceTracksTenure(t *testing.T) {
 
 // After a restart a member claims back, as Assignment.Earlier and in its
 // subscription (v4), the restored actives (pending included) it does not
-// hold, at the generation it held them, until it holds them again or
-// EarlierClaimGenerations have passed; a restart in between keeps them.
+// hold, at the generation it held them, until it holds them again or it
+// has been through EarlierClaimGenerations settled generations (follow-ups
+// of plans that needed a probe do not count) or EarlierClaimMaxAge have
+// passed; a restart in between keeps them.
 func TestEarlierClaimsAfterRestore(t *testing.T) {
 	newStrategy := func() *Strategy {
 		return NewStrategy(Config{Changelogs: map[string]int32{"cl": 8}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -181,10 +183,37 @@ func TestEarlierClaimsAfterRestore(t *testing.T) {
 	want := claims(9, 1, 4)
 	want["src"][2], want["cl"][2] = 14, 14
 	check(s2, "after a second restart", want)
-	assign(s2, 9+EarlierClaimGenerations+1, 3)
-	check(s2, "claims of generation 9 expired", claims(14, 2))
-	assign(s2, 14+EarlierClaimGenerations+1, 3)
+	// Generations whose plan needed a probe (KIP-441 follow-ups giving
+	// partitions back as warm-ups catch up) do not count, however many.
+	gen := int32(16)
+	for range 3 * EarlierClaimGenerations {
+		gen++
+		s2.OnAssignment(&sarama.ConsumerGroupMemberAssignment{UserData: encodeAssignment(assignmentData{
+			Generation: gen, MemberID: "m", Probe: true, Actives: map[string][]int32{"src": {3}, "cl": {3}}})}, gen)
+	}
+	check(s2, "after follow-ups", want)
+	// Settled ones do: the first (gen 16) and EarlierClaimGenerations-1
+	// more keep the claims, the next drops them all.
+	for range EarlierClaimGenerations - 1 {
+		gen++
+		assign(s2, gen, 3)
+	}
+	check(s2, "after EarlierClaimGenerations settled generations", want)
+	gen++
+	assign(s2, gen, 3)
 	check(s2, "all expired", nil)
+
+	// A claim older than EarlierClaimMaxAge generations is dropped at once.
+	s3 := newStrategy()
+	s3.Restore(s.Current())
+	assign(s3, 14+EarlierClaimMaxAge, 3)
+	want = claims(9, 1, 4)
+	want["src"][2], want["cl"][2] = 14, 14
+	delete(want["src"], 1)
+	delete(want["src"], 4)
+	delete(want["cl"], 1)
+	delete(want["cl"], 4)
+	check(s3, "generation 9 older than EarlierClaimMaxAge", want)
 }
 
 // A pending active (cooperative) counts as held from the plan that gave it:

@@ -22,7 +22,9 @@
 //     back where the balance allows: a rejoin moves only what goes to the
 //     rejoiner, and a whole-group restart, in any join order and batches,
 //     ends where it began (TestWholeGroupRestart; in two batches even
-//     without the members' earlier claims);
+//     without the members' earlier claims; end to end through
+//     assignor.Strategy and its wire format, with the lag known or not:
+//     TestRestartThroughStrategies);
 //   - a cooperative plan never gives a member a partition another member
 //     still owns, and its follow-up assigns exactly the eager target (KIP-429,
 //     TestCooperativeTwoPhase).
