@@ -43,7 +43,7 @@ type Options struct {
 	// changelogs are created there and stay after Close (only the local
 	// stores are removed), so give every run its own app ID. The cluster
 	// must accept the group timeouts of Runnel's in-process workers
-	// (kafka.TestTimeouts: a 10 s session, 100 ms heartbeats, a 5 s
+	// (kafka.TestTimeouts: a 20 s session, 100 ms heartbeats, a 15 s
 	// rebalance timeout) and needs no TLS or SASL.
 	Brokers []string
 }

@@ -22,10 +22,14 @@ type Timeouts struct {
 // 2 × Rebalance/3, app's drainBudget) plus the final cycle; with a 3 s
 // session, under CPU load, members of `dev` were evicted in the middle of
 // their revokes and everything since the last commit was processed again
-// (issue #24). The session only bounds how long a crashed member keeps its
-// partitions, which in-process workers (dev, runneltest) never are.
-var TestTimeouts = Timeouts{Session: 10 * time.Second, Heartbeat: 100 * time.Millisecond,
-	Rebalance: 5 * time.Second, MaxWait: 100 * time.Millisecond}
+// (issue #24). With a 5 s rebalance timeout, a member under heavy load
+// (load average ~10 on 2 cores) still took 7.6 s to end its claims and was
+// expelled: the rebalance timeout is 15 s (drain budget 5 s) and the session
+// 20 s. The session only bounds how long a crashed member keeps its
+// partitions, which in-process workers (dev, runneltest) never are; a clean
+// stop leaves the group at once.
+var TestTimeouts = Timeouts{Session: 20 * time.Second, Heartbeat: 100 * time.Millisecond,
+	Rebalance: 15 * time.Second, MaxWait: 100 * time.Millisecond}
 
 // NewConfig returns the Sarama configuration Runnel uses for one worker:
 //   - producer: idempotent, acks=all, one request in flight per broker (so
