@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -174,10 +176,20 @@ func retry(ctx context.Context, fn func() error) error {
 // retriable reports whether a transaction request's error may go away on
 // its own: what Kafka marks retriable (a coordinator loading or moving,
 // CONCURRENT_TRANSACTIONS while the previous transaction's markers are
-// written, a request timeout). kgo already retried lost connections.
+// written, a request timeout), and a broker that cannot be reached (a
+// connection refused or lost: a broker stopped or restarting). kgo retries a
+// refused dial only briefly (its own request retries, about 2 s) and then
+// returns it, e.g. wrapped in "unable to initialize a producer ID due to
+// request failures": without this a renewal failed 1.8 s into a 20 s broker
+// stop and stopped the worker (TestRenewWaitsForBrokerDown).
 func retriable(err error) bool {
 	var ke *kerr.Error
-	return errors.As(err, &ke) && (ke.Retriable || ke == kerr.ConcurrentTransactions)
+	if errors.As(err, &ke) {
+		return ke.Retriable || ke == kerr.ConcurrentTransactions
+	}
+	var ne *net.OpError
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		kgo.IsRetryableBrokerErr(err)
 }
 
 // Begin opens a transaction. Errors: the producer is not transactional, a
@@ -382,9 +394,12 @@ func (p *Producer) Renew() error {
 	if p.k.closed.Load() {
 		return ErrRenewClosed
 	}
-	t, err := p.transactional()
-	if err != nil {
-		return err
+	// Not p.transactional(): it refuses a producer whose last renewal
+	// failed (ErrProducerNotReady), and renewing is what brings that one
+	// back (TestRenewAfterFailedRenew).
+	t := p.txn
+	if t == nil {
+		return errNotTransactional
 	}
 	t.open.Store(false)
 	old := p.k.cl.Load()

@@ -147,6 +147,16 @@ func (r *Report) Write(w io.Writer) {
 // end offset taken at the start) through a consumer of client, which the
 // caller configured read_committed, and calls f for each.
 func consumeAll(ctx context.Context, client sarama.Client, topic string, f func(*sarama.ConsumerMessage)) error {
+	return consumeAllNoting(ctx, client, topic, f, nil)
+}
+
+// firstRecordWait bounds the wait for a partition's first record in
+// consumeAll.
+const firstRecordWait = 60 * time.Second
+
+// consumeAllNoting is consumeAll; readShort, if not nil, is told of each
+// partition whose read ended idle before its end offset.
+func consumeAllNoting(ctx context.Context, client sarama.Client, topic string, f func(*sarama.ConsumerMessage), readShort func(string)) error {
 	parts, err := client.Partitions(topic)
 	if err != nil {
 		return fmt.Errorf("partitions of %s: %w", topic, err)
@@ -173,13 +183,22 @@ func consumeAll(ctx context.Context, client sarama.Client, topic string, f func(
 			return fmt.Errorf("consume %s[%d]: %w", topic, p, err)
 		}
 		// Read until the end offset; transaction markers (never delivered)
-		// or aborted records at the tail end the read after 3 s idle.
-		idle := time.NewTimer(3 * time.Second)
+		// or aborted records at the tail end the read after 3 s idle. The
+		// first record may take much longer on a loaded machine (a new
+		// connection to a broker that was restarted, the first fetch): 3 s
+		// there once read nothing of a whole input partition (42,035
+		// records, counted lost) in a run whose tables held every one of
+		// them. So the first record is waited for firstRecordWait, and a
+		// read that ends idle short of the end is said.
+		idle := time.NewTimer(firstRecordWait)
+		read, last := 0, start-1
 	read:
 		for {
 			select {
 			case m := <-pc.Messages():
 				f(m)
+				read++
+				last = m.Offset
 				if m.Offset+1 >= end {
 					break read
 				}
@@ -188,6 +207,9 @@ func consumeAll(ctx context.Context, client sarama.Client, topic string, f func(
 				pc.AsyncClose()
 				return fmt.Errorf("consume %s[%d]: %w", topic, p, e)
 			case <-idle.C:
+				if readShort != nil {
+					readShort(fmt.Sprintf("%s[%d]: read ended idle after %d records, at offset %d of %d..%d (markers or aborted records only, or a read cut short)", topic, p, read, last, start, end))
+				}
 				break read
 			case <-ctx.Done():
 				pc.AsyncClose()
@@ -439,7 +461,7 @@ func verify(ctx context.Context, client sarama.Client, vi verifyInput) ([]Row, [
 		wantDead[agentName] = map[string]map[string]int{}
 	}
 	badKinds := map[string]int{}
-	err := consumeAll(ctx, client, vi.inputTopic, func(m *sarama.ConsumerMessage) {
+	err := consumeAllNoting(ctx, client, vi.inputTopic, func(m *sarama.ConsumerMessage) {
 		if kind := badKind(m); kind != "" {
 			badKinds[kind]++
 			pos := fmt.Sprintf("%d/%d", m.Partition, m.Offset)
@@ -469,6 +491,8 @@ func verify(ctx context.Context, client sarama.Client, vi verifyInput) ([]Row, [
 			}
 			wantDir[d][ev.EventID+" "+ev.Actor]++
 		}
+	}, func(msg string) {
+		problems = append(problems, "input read short (the input topic has no transactions): "+msg)
 	})
 	if err != nil {
 		return nil, nil, err
