@@ -65,7 +65,7 @@ func TestCommittedOffsetsWaitForOpenTransaction(t *testing.T) {
 	fetch := func() <-chan answer {
 		ch := make(chan answer, 1)
 		go func() {
-			m, err := w.committedOffsets()
+			m, err := w.committedOffsets(context.Background())
 			ch <- answer{m[f.in.Name()][0], err}
 		}()
 		return ch

@@ -19,7 +19,7 @@ import (
 // marks (the highest source offset whose effect it holds, per source
 // partition); a restore wipes a partition whose marks reach a committed
 // offset. The restore and the marks consult committedOffsets (stable
-// offsets), the standby fetchCommitted(false).
+// offsets), the standby fetchCommitted(ctx, false).
 
 // committedOffsets fetches the group's committed offsets of every partition of
 // the app's source topics (OffsetFetch through the group coordinator). A
@@ -37,23 +37,25 @@ import (
 // to their before-images although their offsets commit (docs/tables.md).
 // The standby's tracker (followOptions) reads without it: an older offset
 // only holds records back longer.
-func (w *Worker) committedOffsets() (map[string]map[int32]int64, error) {
-	return w.fetchCommitted(true)
+func (w *Worker) committedOffsets(ctx context.Context) (map[string]map[int32]int64, error) {
+	return w.fetchCommitted(ctx, true)
 }
 
-// stableBudget bounds how long committedOffsets waits for a transaction
-// that committed offsets in the group to end: past the transaction timeout
-// the broker aborts it (a previous owner that died with it open), plus the
-// time the broker takes to notice.
-func (w *Worker) stableBudget() time.Duration {
-	if w.cfg.Guarantee != ExactlyOnce {
-		return 4 * time.Second // no transaction of the app commits offsets
+// fetchBudget bounds how long committedOffsets retries: 4 s, and under
+// ExactlyOnce, for stable offsets, as long as a transaction that committed
+// offsets in the group may stay open: past the transaction timeout the
+// broker aborts it (a previous owner that died with it open), plus the time
+// the broker takes to notice.
+func (w *Worker) fetchBudget(stable bool) time.Duration {
+	if !stable || w.cfg.Guarantee != ExactlyOnce {
+		return 4 * time.Second
 	}
 	return w.txnTimeout() + 5*time.Second
 }
 
-// fetchCommitted is committedOffsets; stable asks for stable offsets.
-func (w *Worker) fetchCommitted(stable bool) (map[string]map[int32]int64, error) {
+// fetchCommitted is committedOffsets; stable asks for stable offsets. It
+// gives up when ctx ends.
+func (w *Worker) fetchCommitted(ctx context.Context, stable bool) (map[string]map[int32]int64, error) {
 	req := map[string][]int32{}
 	for _, topic := range w.graph.Subscriptions() {
 		t, ok := w.graph.Topic(topic)
@@ -80,7 +82,7 @@ func (w *Worker) fetchCommitted(stable bool) (map[string]map[int32]int64, error)
 	// coordinator moving, an unstable offset under KIP-447) must not be read
 	// as "nothing committed": that would skip every changelog record derived
 	// from it. Retry within the budget, then fail.
-	deadline := time.Now().Add(w.stableBudget())
+	deadline := time.Now().Add(w.fetchBudget(stable))
 	var lastErr error
 	for attempt := 0; attempt == 0 || time.Now().Before(deadline); attempt++ {
 		if attempt > 0 {
@@ -88,7 +90,11 @@ func (w *Worker) fetchCommitted(stable bool) (map[string]map[int32]int64, error)
 			if errors.Is(lastErr, sarama.ErrUnstableOffsetCommit) {
 				wait = 50 * time.Millisecond // a transaction ending: markers follow at once
 			}
-			time.Sleep(wait)
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("committed offsets of group %s: %w (last error: %w)", w.app.id, ctx.Err(), lastErr)
+			case <-time.After(wait):
+			}
 		}
 		var resp *sarama.OffsetFetchResponse
 		resp, lastErr = w.offsetFetch(req, stable)
@@ -169,7 +175,7 @@ type committedTracker struct {
 func (w *Worker) followOptions(ctx context.Context, wg *sync.WaitGroup) []changelog.Option {
 	tr := &committedTracker{}
 	refresh := func() {
-		m, err := w.fetchCommitted(false)
+		m, err := w.fetchCommitted(ctx, false)
 		if err != nil {
 			w.log.Warn("standby: fetching committed offsets failed", "err", err)
 			return
