@@ -62,7 +62,7 @@ func (w *Worker) purgeRepartitions(ctx context.Context) {
 		case <-tick.C:
 		}
 		claims, _ := w.Running()
-		committed, err := w.committedOffsets() // also builds w.admin
+		committed, err := w.committedOffsets(ctx) // also builds w.admin
 		if err == nil && w.admin == nil {
 			err = fmt.Errorf("no admin client")
 		}

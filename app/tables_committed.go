@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -17,13 +18,44 @@ import (
 // them back until the commit. Each store partition also keeps source-offset
 // marks (the highest source offset whose effect it holds, per source
 // partition); a restore wipes a partition whose marks reach a committed
-// offset. committedOffsets is what all three consult.
+// offset. The restore and the marks consult committedOffsets (stable
+// offsets), the standby fetchCommitted(ctx, false).
 
 // committedOffsets fetches the group's committed offsets of every partition of
 // the app's source topics (OffsetFetch through the group coordinator). A
 // partition without a commit maps to 0: the group starts from the earliest
 // offset (kafka.NewConfig sets Consumer.Offsets.Initial to OffsetOldest).
-func (w *Worker) committedOffsets() (map[string]map[int32]int64, error) {
+//
+// The fetch asks for stable offsets (OffsetFetch v7+ RequireStable, KIP-447),
+// as Sarama's fetch of a claim's start does under read_committed: a
+// partition whose offsets a transaction has committed in it but not yet ended
+// answers UNSTABLE_OFFSET_COMMIT, and is asked again until the transaction
+// ended or the budget (stableBudget) ran out. Read without it, such a
+// partition answers the offset before the transaction whatever the
+// transaction's outcome, while the transaction's changelog records may be
+// visible by the time a restore reads them: the restore would put them back
+// to their before-images although their offsets commit (docs/tables.md).
+// The standby's tracker (followOptions) reads without it: an older offset
+// only holds records back longer.
+func (w *Worker) committedOffsets(ctx context.Context) (map[string]map[int32]int64, error) {
+	return w.fetchCommitted(ctx, true)
+}
+
+// fetchBudget bounds how long committedOffsets retries: 4 s, and under
+// ExactlyOnce, for stable offsets, as long as a transaction that committed
+// offsets in the group may stay open: past the transaction timeout the
+// broker aborts it (a previous owner that died with it open), plus the time
+// the broker takes to notice.
+func (w *Worker) fetchBudget(stable bool) time.Duration {
+	if !stable || w.cfg.Guarantee != ExactlyOnce {
+		return 4 * time.Second
+	}
+	return w.txnTimeout() + 5*time.Second
+}
+
+// fetchCommitted is committedOffsets; stable asks for stable offsets. It
+// gives up when ctx ends.
+func (w *Worker) fetchCommitted(ctx context.Context, stable bool) (map[string]map[int32]int64, error) {
 	req := map[string][]int32{}
 	for _, topic := range w.graph.Subscriptions() {
 		t, ok := w.graph.Topic(topic)
@@ -46,24 +78,29 @@ func (w *Worker) committedOffsets() (map[string]map[int32]int64, error) {
 	if w.adminErr != nil {
 		return nil, fmt.Errorf("committed offsets: %w", w.adminErr)
 	}
-	// A partition answered with an error (a rebalance in progress, an unstable
-	// offset under KIP-447) must not be read as "nothing committed": that would
-	// skip every changelog record derived from it. Retry, then fail.
+	// A partition answered with an error (a rebalance in progress, a
+	// coordinator moving, an unstable offset under KIP-447) must not be read
+	// as "nothing committed": that would skip every changelog record derived
+	// from it. Retry within the budget, then fail.
+	deadline := time.Now().Add(w.fetchBudget(stable))
 	var lastErr error
-	for attempt := 0; attempt < 20; attempt++ {
+	for attempt := 0; attempt == 0 || time.Now().Before(deadline); attempt++ {
 		if attempt > 0 {
-			time.Sleep(200 * time.Millisecond)
+			wait := 200 * time.Millisecond
+			if errors.Is(lastErr, sarama.ErrUnstableOffsetCommit) {
+				wait = 50 * time.Millisecond // a transaction ending: markers follow at once
+			}
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("committed offsets of group %s: %w (last error: %w)", w.app.id, ctx.Err(), lastErr)
+			case <-time.After(wait):
+			}
 		}
-		resp, err := w.admin.ListConsumerGroupOffsets(w.app.id, req)
-		if err != nil {
-			lastErr = err
+		var resp *sarama.OffsetFetchResponse
+		resp, lastErr = w.offsetFetch(req, stable)
+		if lastErr != nil {
 			continue
 		}
-		if resp.Err != sarama.ErrNoError {
-			lastErr = resp.Err
-			continue
-		}
-		lastErr = nil
 		for topic, ps := range req {
 			m := map[int32]int64{}
 			for _, p := range ps {
@@ -86,6 +123,32 @@ func (w *Worker) committedOffsets() (map[string]map[int32]int64, error) {
 		}
 	}
 	return nil, fmt.Errorf("committed offsets of group %s: %w", w.app.id, lastErr)
+}
+
+// offsetFetch sends one OffsetFetch of partitions to the group's coordinator;
+// stable sets RequireStable where the protocol version has it (v7+: Kafka
+// 2.5). A coordinator error (top-level or the group's) is returned after the
+// coordinator is looked up again.
+func (w *Worker) offsetFetch(partitions map[string][]int32, stable bool) (*sarama.OffsetFetchResponse, error) {
+	group := w.app.id
+	coord, err := w.meta.Coordinator(group)
+	if err != nil {
+		_ = w.meta.RefreshCoordinator(group)
+		return nil, err
+	}
+	req := sarama.NewOffsetFetchRequest(w.meta.Config().Version, group, partitions)
+	req.RequireStable = stable && req.Version >= 7
+	resp, err := coord.FetchOffset(req)
+	if err == nil {
+		if gerr := resp.GroupError(); gerr != sarama.ErrNoError {
+			err = gerr
+		}
+	}
+	if err != nil {
+		_ = w.meta.RefreshCoordinator(group)
+		return nil, err
+	}
+	return resp, nil
 }
 
 // committedFunc turns a committed-offsets map into a changelog.CommittedFunc:
@@ -112,7 +175,7 @@ type committedTracker struct {
 func (w *Worker) followOptions(ctx context.Context, wg *sync.WaitGroup) []changelog.Option {
 	tr := &committedTracker{}
 	refresh := func() {
-		m, err := w.committedOffsets()
+		m, err := w.fetchCommitted(ctx, false)
 		if err != nil {
 			w.log.Warn("standby: fetching committed offsets failed", "err", err)
 			return

@@ -1001,7 +1001,7 @@ func (w *Worker) promoteOrRestore(ctx context.Context, t *tableRuntime, k restor
 		stop = func() {}
 		h = nil // cannot happen: the two are set and cleared together
 	}
-	m, err := w.committedOffsets()
+	m, err := w.committedOffsets(ctx)
 	if err != nil {
 		stop()
 		return changelog.Result{}, nil, err
