@@ -316,8 +316,27 @@ func (x *txnCycles) renewLocked(cause error, age time.Duration) error {
 	if reason == "fenced" {
 		time.Sleep(fenceSettle)
 	}
-	if err := w.producer.Renew(); err != nil {
-		return fmt.Errorf("renew transactional producer %s: %w (after %w)", id, err, cause)
+	// A broker that is down longer than the renewal's budget (a restart of
+	// a loaded broker took 44 s in the chaos suite) is waited out: renew
+	// again until it answers, the worker stops, or the error is one a
+	// person must fix (kafka.Permanent: authorization, a bad ID).
+	for attempt := 1; ; attempt++ {
+		err := w.producer.Renew()
+		if err == nil {
+			break
+		}
+		if kafka.Permanent(err) || errors.Is(err, kafka.ErrRenewClosed) || kafka.Fenced(err) {
+			return fmt.Errorf("renew transactional producer %s: %w (after %w)", id, err, cause)
+		}
+		select {
+		case <-w.runDone:
+			return fmt.Errorf("renew transactional producer %s: worker stopping: %w (after %w)", id, err, cause)
+		case <-time.After(time.Second):
+		}
+		if attempt == 1 {
+			w.log.Warn("transactional producer could not be renewed yet; retrying until a broker answers",
+				"transactional_id", id, "err", err)
+		}
 	}
 	if reason == "fenced" {
 		x.fences++

@@ -78,6 +78,7 @@ type Worker struct {
 	restored     atomic.Int64 // changelog records replayed by active restores
 	restoredSpan atomic.Int64 // changelog offsets covered by active restores
 	fatal        fatalState   // agent.StopWorker errors end Run (redeliver.go)
+	runDone      <-chan struct{} // closed when Run's context ends (set by Run before anything starts)
 	attempts     attempts     // failed deliveries per record, across sessions (redeliver.go)
 
 	derived derivedURLs // URL map derived when the leader left it out (global_http.go)
@@ -329,6 +330,7 @@ func (w *Worker) txnID() string { return "runnel-" + w.app.id + "-" + w.procID }
 func (w *Worker) Run(ctx context.Context) (err error) {
 	ctx, stop := w.fatal.context(ctx)
 	defer stop()
+	w.runDone = ctx.Done()
 	brokers, err := resolveBrokers(w.cfg.Brokers)
 	if err != nil {
 		return err
