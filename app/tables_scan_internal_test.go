@@ -116,7 +116,7 @@ func TestScanAndLocateBadInput(t *testing.T) {
 		{"/api/tables/counts?limit=1001", http.StatusBadRequest, ReasonBadRequest},
 		{"/api/tables/counts?limit=x", http.StatusBadRequest, ReasonBadRequest},
 		{"/api/tables/counts?continuation=%25%25", http.StatusBadRequest, ReasonBadRequest},
-		{"/api/tables/counts?continuation=bm90IGpzb24", http.StatusBadRequest, ReasonBadRequest},                 // "not json"
+		{"/api/tables/counts?continuation=bm90IGpzb24", http.StatusBadRequest, ReasonBadRequest},                    // "not json"
 		{"/api/tables/counts?continuation=eyJhZnRlciI6eyI5Ijoid0E9PSJ9fQ", http.StatusBadRequest, ReasonBadRequest}, // partition 9 of 3
 		{"/api/tables/counts?prefix=a&from=b", http.StatusBadRequest, ReasonBadRequest},
 		{"/api/tables/counts?consistency=any", http.StatusBadRequest, ReasonBadRequest},
