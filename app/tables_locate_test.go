@@ -154,6 +154,10 @@ func TestTableLocateScanClient(t *testing.T) {
 				loc.Changelog != changelog {
 				t.Fatalf("Locate(counts, %s) on %s = %+v, %v; want partition %d of %d, active %s, generation %d", k, qw.q.addr, loc, err, partOf(k), gparts, ow.q.addr, gen)
 			}
+			if qw != ow && loc.Role == app.RoleStandby &&
+				(len(loc.Standbys) != 1 || loc.Standbys[0].URL != qw.q.addr || loc.Standbys[0].Role != app.RoleStandby || loc.Standbys[0].Lag == nil) {
+				t.Fatalf("Locate(counts, %s) on the standby %s = %+v; want itself among the standbys, with its lag", k, qw.q.addr, loc)
+			}
 			var over app.Location
 			resp, err := http.Get("http://" + qw.q.addr + "/api/locate/counts/" + k)
 			if err != nil {
