@@ -14,6 +14,7 @@ import (
 	"sync"
 
 	"github.com/runnel-dev/runnel/assignor"
+	"github.com/runnel-dev/runnel/stores"
 )
 
 // Scan pages (GET /api/tables/{table}?prefix=|from=&to=&limit=&continuation=).
@@ -354,7 +355,8 @@ func (sr *scanRequest) route(a assignor.Assignment, p int32) (string, *scanRefus
 
 // readLocal reads partition p's local copy: the first limit keys in the
 // bounds after the token's position, from the store (what the last applied
-// commit cycle left, not the write cache).
+// commit cycle left, not the write cache), seeking to the first candidate
+// when the store is a stores.Seeker.
 func (sr *scanRequest) readLocal(a assignor.Assignment, p int32) (partPage, *scanRefusal) {
 	w := sr.w
 	sp := ScanPartition{Partition: p, Role: w.partState(sr.t, a, p).role}
@@ -368,7 +370,7 @@ func (sr *scanRequest) readLocal(a assignor.Assignment, p int32) (partPage, *sca
 	after, hasAfter := sr.token.After[p]
 	var items []ScanItem
 	stop := errors.New("stop")
-	err := sr.t.store.Iterate(p, func(k, v []byte) error {
+	visit := func(k, v []byte) error {
 		if hasAfter && bytes.Compare(k, after) <= 0 {
 			return nil
 		}
@@ -392,7 +394,22 @@ func (sr *scanRequest) readLocal(a assignor.Assignment, p int32) (partPage, *sca
 			return stop
 		}
 		return nil
-	})
+	}
+	var err error
+	if sk, ok := sr.t.store.(stores.Seeker); ok {
+		// Seek to the first key that can be in the page: the largest of
+		// from, prefix and the key right after the position.
+		start := sr.bounds.from
+		if sr.bounds.hasPrefix && bytes.Compare(sr.bounds.prefix, start) > 0 {
+			start = sr.bounds.prefix
+		}
+		if next := append(slices.Clone(after), 0); hasAfter && bytes.Compare(next, start) > 0 {
+			start = next
+		}
+		err = sk.IterateFrom(p, start, visit)
+	} else {
+		err = sr.t.store.Iterate(p, visit)
+	}
 	if err != nil && !errors.Is(err, stop) {
 		return partPage{}, &scanRefusal{code: http.StatusInternalServerError, reason: ReasonInternal, partition: p,
 			err: fmt.Sprintf("scan table %s[%d]: %v", sr.t.def.Name(), p, err)}
