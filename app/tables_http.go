@@ -264,6 +264,8 @@ func (w *Worker) serveTables(mux *http.ServeMux) {
 		q := &tableQuery{w: w, rw: rw, r: r, ans: TableAnswer{Table: r.PathValue("table"), Key: r.PathValue("key")}}
 		q.serve()
 	})
+	w.serveLocate(mux) // GET /api/locate/{table}/{key}, GET /api/tables (tables_locate.go)
+	w.serveScan(mux)   // GET /api/tables/{table} (tables_scan.go)
 }
 
 func (q *tableQuery) serve() {

@@ -131,6 +131,11 @@ func (m *Memory) Offset(partition int32) (int64, error) {
 // Iterate implements Store. It copies the partition under the lock and calls
 // fn without holding it.
 func (m *Memory) Iterate(partition int32, fn func(key, value []byte) error) error {
+	return m.IterateFrom(partition, nil, fn)
+}
+
+// IterateFrom implements Seeker. It copies the keys >= start under the lock.
+func (m *Memory) IterateFrom(partition int32, start []byte, fn func(key, value []byte) error) error {
 	if err := checkPartition(partition); err != nil {
 		return fmt.Errorf("iterate [%d]: %w", partition, err)
 	}
@@ -144,6 +149,9 @@ func (m *Memory) Iterate(partition int32, fn func(key, value []byte) error) erro
 	if p := m.parts[partition]; p != nil {
 		snap = make([]kv, 0, len(p.data))
 		for k, v := range p.data {
+			if start != nil && k < string(start) {
+				continue
+			}
 			snap = append(snap, kv{[]byte(k), append([]byte{}, v...)})
 		}
 	}

@@ -579,6 +579,12 @@ func (p *Pebble) Marks(partition int32) (_ map[string]int64, err error) {
 // Iterate implements Store over a Pebble iterator bounded to the partition's
 // data range; the iterator reads the snapshot current when it is created.
 func (p *Pebble) Iterate(partition int32, fn func(key, value []byte) error) (err error) {
+	return p.IterateFrom(partition, nil, fn)
+}
+
+// IterateFrom implements Seeker: the iterator's lower bound is start within
+// the partition, so Pebble seeks to it.
+func (p *Pebble) IterateFrom(partition int32, start []byte, fn func(key, value []byte) error) (err error) {
 	if err := checkPartition(partition); err != nil {
 		return fmt.Errorf("iterate [%d]: %w", partition, err)
 	}
@@ -587,7 +593,7 @@ func (p *Pebble) Iterate(partition int32, fn func(key, value []byte) error) (err
 	}
 	defer p.leave(&err)
 	lo, hi := partitionBounds(dataPrefix, partition)
-	it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	it, err := p.db.NewIter(&pebble.IterOptions{LowerBound: append(lo, start...), UpperBound: hi})
 	if err != nil {
 		return fmt.Errorf("iterate [%d] in %s: %w", partition, p.dir, err)
 	}

@@ -108,3 +108,11 @@ type Store interface {
 	// Close syncs and releases the store; later calls return ErrClosed.
 	Close() error
 }
+
+// Seeker is a Store that starts an iteration at a key: IterateFrom is
+// Iterate restricted to the keys >= start (every key when start is nil),
+// reaching the first without reading the keys before it. Pebble and Memory
+// implement it; range scans over a table use it when the store does.
+type Seeker interface {
+	IterateFrom(partition int32, start []byte, fn func(key, value []byte) error) error
+}

@@ -641,3 +641,42 @@ func TestPebbleReopenKeepsDataAndOffset(t *testing.T) {
 		t.Fatal("second OpenPebble on a locked directory succeeded")
 	}
 }
+
+// IterateFrom starts at the first key >= start, within the partition only.
+func TestIterateFrom(t *testing.T) {
+	forEach(t, func(t *testing.T, s Store) {
+		sk, ok := s.(Seeker)
+		if !ok {
+			t.Fatalf("%T does not implement Seeker", s)
+		}
+		for p, ks := range map[int32][]string{6: {"zz"}, 7: {"b", "a", "ab", "", "\xff", "a\x00"}, 8: {"aa"}} {
+			var b Batch
+			for _, k := range ks {
+				b.Put([]byte(k), []byte("v"+k))
+			}
+			must(t, s.Apply(p, &b))
+		}
+		for _, c := range []struct {
+			start string
+			want  []string
+		}{
+			{"", []string{"", "a", "a\x00", "ab", "b", "\xff"}},
+			{"a", []string{"a", "a\x00", "ab", "b", "\xff"}},
+			{"a\x01", []string{"ab", "b", "\xff"}},
+			{"c", []string{"\xff"}},
+			{"\xff\x00", nil},
+		} {
+			var keys []string
+			must(t, sk.IterateFrom(7, []byte(c.start), func(k, v []byte) error {
+				if string(v) != "v"+string(k) {
+					t.Errorf("key %q has value %q", k, v)
+				}
+				keys = append(keys, string(k))
+				return nil
+			}))
+			if !slices.Equal(keys, c.want) {
+				t.Errorf("IterateFrom(7, %q) = %q; want %q", c.start, keys, c.want)
+			}
+		}
+	})
+}
