@@ -75,11 +75,11 @@ type Worker struct {
 	// marking of its offsets happen under it, so that Sarama never commits
 	// an older marked offset after a cycle committed a newer one.
 	commitMu     sync.Mutex
-	restored     atomic.Int64 // changelog records replayed by active restores
-	restoredSpan atomic.Int64 // changelog offsets covered by active restores
-	fatal        fatalState   // agent.StopWorker errors end Run (redeliver.go)
+	restored     atomic.Int64    // changelog records replayed by active restores
+	restoredSpan atomic.Int64    // changelog offsets covered by active restores
+	fatal        fatalState      // agent.StopWorker errors end Run (redeliver.go)
 	runDone      <-chan struct{} // closed when Run's context ends (set by Run before anything starts)
-	attempts     attempts     // failed deliveries per record, across sessions (redeliver.go)
+	attempts     attempts        // failed deliveries per record, across sessions (redeliver.go)
 
 	derived derivedURLs // URL map derived when the leader left it out (global_http.go)
 
