@@ -25,10 +25,13 @@ for i in $(seq 1 "$n"); do
     echo "run $i: dev failed"; tail -5 "$bin.log"; fails=$((fails + 1)); continue
   fi
   took=$(echo "$(date +%s.%N) - $start" | bc)
+  # Member expulsions (issue #26): a commit or session refused because the
+  # member is no longer in the group.
+  expelled=$(grep -c "member is not known\|group session ended with an error" "$bin.log" || true)
   if out=$(python3 scripts/mainjob-check.py "$input" "$max_over" <"$bin.out"); then
-    echo "run $i: ok (${took} s): $(echo "$out" | tr '\n' ' ')"
+    echo "run $i: ok (${took} s, ${expelled} expulsion lines): $(echo "$out" | tr '\n' ' ')"
   else
-    echo "run $i: WRONG (${took} s)"; echo "$out"; fails=$((fails + 1))
+    echo "run $i: WRONG (${took} s, ${expelled} expulsion lines)"; echo "$out"; fails=$((fails + 1))
     cp "$bin.log" "/tmp/mainjob-fail-$i.log"
   fi
 done
