@@ -188,6 +188,25 @@ func (d *deadLettered) metadata(marked int64) string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.pruneLocked(marked)
+	return d.metadataLocked(marked)
+}
+
+// metadataFrom is metadata of an offset not yet committed (a commit cycle's
+// OffsetCommit, commitMetadata): the same string, without forgetting the
+// offsets below from, which a restart from the last commit point still needs
+// if the commit fails.
+func (d *deadLettered) metadataFrom(from int64) string {
+	if d == nil {
+		return ""
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.metadataLocked(from)
+}
+
+// metadataLocked builds metadata's string from the dead letters of records
+// at or after from. Guarded by mu.
+func (d *deadLettered) metadataLocked(from int64) string {
 	w := map[string]int64{}
 	for topic, f := range d.floor {
 		w[topic] = max(f, d.next[topic])
@@ -197,7 +216,10 @@ func (d *deadLettered) metadata(marked int64) string {
 			w[topic] = n
 		}
 	}
-	for _, es := range d.m {
+	for off, es := range d.m {
+		if off < from {
+			continue
+		}
 		for _, e := range es {
 			w[e.topic] = min(w[e.topic], e.offset)
 		}

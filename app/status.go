@@ -169,10 +169,11 @@ type DeadLetterStatus struct {
 // letters. It asks the brokers for the members and the standbys' highwaters.
 func (w *Worker) Status() Status {
 	a := w.Assignment()
+	tps := w.tablePartitions() // one ListOffsets per copy, shared with the tasks' changelogs
 	s := Status{App: w.app.id, ProcessID: w.procID, HTTPAddr: w.cfg.HTTPAddr, Ready: w.Ready(),
-		Assignment: viewAssignment(a), Tasks: w.Tasks(), Lag: w.metrics.lags(), StandbyLag: w.standbyLags(),
+		Assignment: viewAssignment(a), Tasks: w.tasksWith(tps), Lag: w.metrics.lags(), StandbyLag: w.standbyLags(),
 		Processed: w.Processed(), Retried: w.Retried(), DeadLettered: w.DeadLettered(),
-		TablePartitions: w.tablePartitions()}
+		TablePartitions: tps}
 	if s.StandbyLag == nil {
 		s.StandbyLag = []StandbyLag{}
 	}

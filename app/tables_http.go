@@ -583,24 +583,33 @@ func (w *Worker) tablePartitions() []TablePartitionStatus {
 	out := []TablePartitionStatus{}
 	for _, t := range w.tables {
 		for p := int32(0); p < t.parts; p++ {
-			st := w.partState(t, a, p)
-			if st.role == RoleNone {
-				continue
+			if s, ok := w.tablePartition(t, a, p); ok {
+				out = append(out, s)
 			}
-			s := TablePartitionStatus{Table: t.def.Name(), Partition: p, Role: st.role, Lag: -1}
-			if st.restoreErr != nil {
-				s.Error = st.restoreErr.Error()
-			}
-			if c, err := w.copyLagOf(t, p); err == nil {
-				s.RestoredOffset, s.EndOffset, s.Lag = c.applied, c.highwater, c.lag()
-				if st.role == RoleRestoring {
-					if rp := w.restoreProgress(t, p, c); rp != nil {
-						s.Rate, s.ETAMS = rp.Rate, rp.ETAMS
-					}
-				}
-			}
-			out = append(out, s)
 		}
 	}
 	return out
+}
+
+// tablePartition is the status of partition p of t under assignment a (one
+// ListOffsets for the changelog's highwater); false when this worker holds
+// no copy of it (RoleNone).
+func (w *Worker) tablePartition(t *tableRuntime, a assignor.Assignment, p int32) (TablePartitionStatus, bool) {
+	st := w.partState(t, a, p)
+	if st.role == RoleNone {
+		return TablePartitionStatus{}, false
+	}
+	s := TablePartitionStatus{Table: t.def.Name(), Partition: p, Role: st.role, Lag: -1}
+	if st.restoreErr != nil {
+		s.Error = st.restoreErr.Error()
+	}
+	if c, err := w.copyLagOf(t, p); err == nil {
+		s.RestoredOffset, s.EndOffset, s.Lag = c.applied, c.highwater, c.lag()
+		if st.role == RoleRestoring {
+			if rp := w.restoreProgress(t, p, c); rp != nil {
+				s.Rate, s.ETAMS = rp.Rate, rp.ETAMS
+			}
+		}
+	}
+	return s, true
 }

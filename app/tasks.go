@@ -732,7 +732,7 @@ func commitMetadata(tr *taskRun, offs []task.Offset) []string {
 	for i, o := range offs {
 		for _, s := range srcs {
 			if c, ok := s.(*claimProducer); ok && c.pt.topic == o.Topic && c.pt.p == o.Partition {
-				out[i] = c.pt.dead.metadata(o.Offset)
+				out[i] = c.pt.dead.metadataFrom(o.Offset) // the commit may fail: forget nothing yet
 				break
 			}
 		}

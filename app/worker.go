@@ -154,7 +154,12 @@ func processID(dir string) (string, error) {
 //
 // A restoring or standby task lists its table partitions' positions against
 // their changelogs (TaskStatus.Changelogs; one ListOffsets per partition).
-func (w *Worker) Tasks() []TaskStatus {
+func (w *Worker) Tasks() []TaskStatus { return w.tasksWith(nil) }
+
+// tasksWith is Tasks taking the positions of the table partitions in known
+// (tablePartitions, when the caller asked for them already) instead of
+// asking the brokers again.
+func (w *Worker) tasksWith(known []TablePartitionStatus) []TaskStatus {
 	out := w.tasks.status()
 	a := w.Assignment()
 	for i := range out {
@@ -163,24 +168,16 @@ func (w *Worker) Tasks() []TaskStatus {
 			continue
 		}
 		for _, name := range ts.Tables {
-			t := w.tableByName(name)
-			if t == nil {
+			i := slices.IndexFunc(known, func(s TablePartitionStatus) bool { return s.Table == name && s.Partition == ts.Partition })
+			if i >= 0 {
+				ts.Changelogs = append(ts.Changelogs, known[i])
 				continue
 			}
-			st := w.partState(t, a, ts.Partition)
-			s := TablePartitionStatus{Table: name, Partition: ts.Partition, Role: st.role, Lag: -1}
-			if st.restoreErr != nil {
-				s.Error = st.restoreErr.Error()
-			}
-			if c, err := w.copyLagOf(t, ts.Partition); err == nil {
-				s.RestoredOffset, s.EndOffset, s.Lag = c.applied, c.highwater, c.lag()
-				if ts.State == TaskRestoring {
-					if rp := w.restoreProgress(t, ts.Partition, c); rp != nil {
-						s.Rate, s.ETAMS = rp.Rate, rp.ETAMS
-					}
+			if t := w.tableByName(name); t != nil {
+				if s, ok := w.tablePartition(t, a, ts.Partition); ok {
+					ts.Changelogs = append(ts.Changelogs, s)
 				}
 			}
-			ts.Changelogs = append(ts.Changelogs, s)
 		}
 	}
 	return out
