@@ -639,9 +639,11 @@ type claimProducer struct {
 	// caches again after each. Guarded by mu.
 	resumed int64
 	// cacheWaiting says the poll loop waits for a cycle to cut a write
-	// cache at its hard limit (awaitCacheRoom; tests wait for it).
-	// Guarded by mu.
-	cacheWaiting bool
+	// cache at its hard limit (awaitCacheRoom); windowWaiting that it
+	// waits for handed-out records to resolve (awaitWindow). Shown as
+	// TaskStatus.Waiting; tests wait for them. Guarded by mu.
+	cacheWaiting  bool
+	windowWaiting bool
 
 	// retryAt is the offset of the record whose failure ended the previous
 	// incarnation, -1 none: the poll loop cycles the records before it,
@@ -961,11 +963,22 @@ func (c *claimProducer) awaitCacheRoom(ctx context.Context) bool {
 // its hard limit: nothing was handed out.
 var errCacheFull = errors.New("write cache at its hard limit")
 
-// waitingForCache reports whether the poll loop waits in awaitCacheRoom.
-func (c *claimProducer) waitingForCache() bool {
+// waitingFor names what holds the poll loop back from handing out records,
+// "" when nothing does (TaskStatus.Waiting): a write cache at its hard
+// limit, the cut window's unresolved records, or a cycle's cut (the source
+// is paused, ExactlyOnce: or a cycle holds the transaction's gate).
+func (c *claimProducer) waitingFor() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.cacheWaiting
+	switch {
+	case c.cacheWaiting:
+		return WaitWriteCache
+	case c.windowWaiting:
+		return WaitWindow
+	case c.paused || (c.pt.w.txn != nil && c.pt.w.txn.gated.Load()):
+		return WaitCycle
+	}
+	return ""
 }
 
 // awaitWindow waits until fewer records than the cycle's window are
@@ -990,11 +1003,14 @@ func (c *claimProducer) awaitWindow(ctx context.Context, n int) (int, bool) {
 	for {
 		switch {
 		case ctx.Err() != nil, c.rewind >= 0, c.halted, c.closed, c.stopped():
+			c.windowWaiting = false
 			return 0, false
 		}
 		if room := win.load() - c.unresolvedLocked(); room > 0 {
+			c.windowWaiting = false
 			return int(min(int64(n), room)), true
 		}
+		c.windowWaiting = true
 		c.cond.Wait() // Advance broadcasts as records resolve
 	}
 }

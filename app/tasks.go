@@ -86,11 +86,28 @@ type TaskStatus struct {
 	// Config.CacheBytes counts them: keys, values and 64 per entry).
 	CacheEntries int `json:"cache_entries"`
 	CacheBytes   int `json:"cache_bytes"`
-	// CacheWait says a source of the task waits for a cycle to cut a write
-	// cache at its hard limit (Config.WriteCacheLimit) and hands out
-	// nothing meanwhile.
-	CacheWait bool `json:"cache_wait"`
+	// Waiting names what holds the task's sources back from handing out
+	// records, empty when nothing does: WaitWriteCache ("write_cache", a
+	// write cache at its hard limit, Config.WriteCacheLimit), WaitWindow
+	// ("window", the records a cut waits for are capped and a slow one is
+	// unresolved) or WaitCycle ("cycle", a commit cycle's cut pauses them).
+	// A task that stays waiting is blocked: look at Postponed and the logs.
+	Waiting string `json:"waiting,omitempty"`
 }
+
+// What holds a task's sources back from handing out records
+// (TaskStatus.Waiting).
+const (
+	// WaitWriteCache: a write cache is at its hard limit
+	// (Config.WriteCacheLimit) until a cycle cuts it.
+	WaitWriteCache = "write_cache"
+	// WaitWindow: as many records as the cut window allows are handed out
+	// and not yet resolved (a slow or stuck record holds it).
+	WaitWindow = "window"
+	// WaitCycle: a commit cycle's cut pauses the sources (under
+	// ExactlyOnce, for the whole cycle).
+	WaitCycle = "cycle"
+)
 
 // taskRun is a running task: its commit-cycle loop and the claims using it.
 type taskRun struct {
@@ -415,8 +432,8 @@ func (ts *taskSet) status() []TaskStatus {
 			st.CacheBytes += b
 		}
 		for _, s := range tr.t.SourceList() {
-			if c, ok := s.(*claimProducer); ok && c.waitingForCache() {
-				st.CacheWait = true
+			if c, ok := s.(*claimProducer); ok && st.Waiting == "" {
+				st.Waiting = c.waitingFor()
 			}
 		}
 	}

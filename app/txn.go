@@ -74,6 +74,9 @@ type txnCycles struct {
 	// does a cycle look for transaction markers to skip (see cycle).
 	// Guarded by mu.
 	handedAt map[*taskRun]int64
+	// gated is set while a cycle holds the gate (no source hands out a
+	// record meanwhile); tests wait for it.
+	gated atomic.Bool
 }
 
 func newTxnCycles(w *Worker) *txnCycles {
@@ -397,7 +400,11 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 		return nil // an abort's partitions are still stopping
 	}
 	x.gate.Lock()
-	defer x.gate.Unlock()
+	x.gated.Store(true)
+	defer func() {
+		x.gated.Store(false)
+		x.gate.Unlock()
+	}()
 	trs := w.tasks.all()
 	tasks := make([]*task.Task, len(trs))
 	handedAt := make(map[*taskRun]int64, len(trs))
