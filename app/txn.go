@@ -476,7 +476,7 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 		}
 		w.commitMu.Lock()
 		defer w.commitMu.Unlock()
-		if err := w.producer.Commit(m, meta); err != nil {
+		if err := w.producer.Commit(m, meta, x.rejoined(meta, x.began.Add(w.txnTimeout()*7/8))); err != nil {
 			return err // still open: abortLocked aborts it
 		}
 		x.setOpen(false)
@@ -542,6 +542,46 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 	default:
 		w.tasks.postponed(trs...)
 		return err
+	}
+}
+
+// rejoined answers the coordinator's refusal of a transaction's offset commit
+// for generation refused (kafka.Rejoined): the group rebalanced between the
+// cut and the commit, and the coordinator bumped the generation when the
+// join completed. Unanswered, the transaction would abort and every
+// partition of the worker restart (issue #24: half the aborts of the kill -9
+// schedule on Kafka). The member rejoined (or is rejoining: its JoinGroup
+// went out, joining, and SyncGroup is pending), so rejoined waits until its
+// assignment arrived (onAssignment, inside SyncGroup handling; it takes none
+// of the locks the cycle holds) and returns meta under the new generation.
+// KIP-447: the coordinator checks the member and its generation, not which
+// partitions it owns; under the cooperative protocol the partitions the new
+// assignment takes away stay this member's until it revokes them (their
+// final cycles commit again). It gives up, false, when no join of this
+// member is in progress (the member left the group: the commit must fail),
+// when ctx ends or at deadline (the transaction's timeout comes close).
+func (x *txnCycles) rejoined(meta *sarama.ConsumerGroupMetadata, deadline time.Time) kafka.Rejoined {
+	return func(ctx context.Context, refused int32) (*sarama.ConsumerGroupMetadata, bool) {
+		start := time.Now()
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if g := x.gen.Load(); g > refused {
+				next := *meta
+				next.GenerationID = g
+				x.w.log.Info("group rebalanced during a transaction's offset commit; committing under the new generation",
+					"refused_generation", refused, "generation", g, "waited", time.Since(start).Round(time.Millisecond))
+				return &next, true
+			}
+			if !x.joining.Load() || !time.Now().Before(deadline) {
+				return nil, false
+			}
+			select {
+			case <-ctx.Done():
+				return nil, false
+			case <-t.C:
+			}
+		}
 	}
 }
 

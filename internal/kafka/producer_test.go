@@ -145,7 +145,7 @@ func TestRenewAbortsOpenTransactionAndKeepsEveryAnswer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := p.Commit(nil, nil); err != nil {
+	if err := p.Commit(nil, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	got := readCommitted(t, brokers, topic)

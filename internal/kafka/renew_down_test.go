@@ -63,7 +63,7 @@ func TestRenewWaitsForBrokerDown(t *testing.T) {
 	if err := p.Begin(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Commit(nil, nil); err != nil {
+	if err := p.Commit(nil, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -95,7 +95,7 @@ func TestRenewAfterFailedRenew(t *testing.T) {
 	if err := p.Begin(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Commit(nil, nil); err != nil {
+	if err := p.Commit(nil, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -213,16 +213,26 @@ func (p *Producer) Begin() error {
 	return nil
 }
 
+// Rejoined is asked when the group coordinator refused a transaction's
+// offset commit for generation refused (ILLEGAL_GENERATION or
+// REBALANCE_IN_PROGRESS: the group rebalanced since the metadata was
+// taken). It returns the member's metadata in a later generation once the
+// member has it, and false when there is none to wait for (the member left
+// the group) or it gave up. A refused TxnOffsetCommit wrote nothing, so the
+// same transaction commits the offsets again under the new generation.
+type Rejoined func(ctx context.Context, refused int32) (*sarama.ConsumerGroupMetadata, bool)
+
 // Commit flushes the open transaction's records, adds offsets (topic →
 // partition → offset of the next record to read) to it as the consumer
 // group's commit, fenced by the group's generation and member (KIP-447: a
 // member that is no longer in that generation cannot commit), and commits
-// the transaction. Retriable errors are retried within the delivery timeout.
-// The error of a fenced or failed commit wraps the broker's error
-// (kerr.IllegalGeneration, UnknownMemberID, FencedInstanceID,
-// ProducerFenced, ...); the transaction must then be aborted (Abort), unless
-// Fatal reports that the producer cannot go on.
-func (p *Producer) Commit(offsets map[string]map[int32]int64, group *sarama.ConsumerGroupMetadata) error {
+// the transaction. Retriable errors are retried within the delivery timeout;
+// an offset commit refused for a stale generation is sent again under the
+// generation rejoined returns (nil: never). The error of a fenced or failed
+// commit wraps the broker's error (kerr.IllegalGeneration, UnknownMemberID,
+// FencedInstanceID, ProducerFenced, ...); the transaction must then be
+// aborted (Abort), unless Fatal reports that the producer cannot go on.
+func (p *Producer) Commit(offsets map[string]map[int32]int64, group *sarama.ConsumerGroupMetadata, rejoined Rejoined) error {
 	t, err := p.transactional()
 	if err != nil {
 		return fmt.Errorf("commit transaction: %w", err)
@@ -243,7 +253,7 @@ func (p *Producer) Commit(offsets map[string]map[int32]int64, group *sarama.Cons
 		if group == nil {
 			return errors.New("commit transaction: offsets without a group")
 		}
-		if err := t.addOffsets(ctx, cl, offsets, group); err != nil {
+		if err := t.addOffsets(ctx, cl, offsets, group, rejoined); err != nil {
 			t.failed.Store(true)
 			t.noteErr(err)
 			return fmt.Errorf("add offsets to transaction: %w", err)
@@ -302,8 +312,9 @@ func (t *txnState) end(ctx context.Context, cl *kgo.Client, how kgo.TransactionE
 
 // addOffsets adds the group to the open transaction (AddOffsetsToTxn, once
 // per transaction) and commits offsets in it (TxnOffsetCommit, to the
-// group's coordinator), retrying retriable errors within ctx.
-func (t *txnState) addOffsets(ctx context.Context, cl *kgo.Client, offsets map[string]map[int32]int64, group *sarama.ConsumerGroupMetadata) error {
+// group's coordinator), retrying retriable errors within ctx, and a refusal
+// for a stale generation under the one rejoined returns.
+func (t *txnState) addOffsets(ctx context.Context, cl *kgo.Client, offsets map[string]map[int32]int64, group *sarama.ConsumerGroupMetadata, rejoined Rejoined) error {
 	pid, epoch, err := cl.ProducerID(ctx)
 	if err != nil {
 		return err
@@ -341,20 +352,30 @@ func (t *txnState) addOffsets(ctx context.Context, cl *kgo.Client, offsets map[s
 		}
 		req.Topics = append(req.Topics, rt)
 	}
-	return retry(ctx, func() error {
-		resp, err := req.RequestWith(ctx, cl)
-		if err != nil {
-			return err
-		}
-		for _, rt := range resp.Topics {
-			for _, rp := range rt.Partitions {
-				if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
-					return fmt.Errorf("%s[%d] (generation %d): %w", rt.Topic, rp.Partition, group.GenerationID, err)
+	for {
+		err := retry(ctx, func() error {
+			resp, err := req.RequestWith(ctx, cl)
+			if err != nil {
+				return err
+			}
+			for _, rt := range resp.Topics {
+				for _, rp := range rt.Partitions {
+					if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+						return fmt.Errorf("%s[%d] (generation %d): %w", rt.Topic, rp.Partition, req.Generation, err)
+					}
 				}
 			}
+			return nil
+		})
+		if rejoined == nil || !(errors.Is(err, kerr.IllegalGeneration) || errors.Is(err, kerr.RebalanceInProgress)) {
+			return err
 		}
-		return nil
-	})
+		next, ok := rejoined(ctx, req.Generation)
+		if !ok || next.GenerationID <= req.Generation {
+			return err
+		}
+		req.Generation, req.MemberID, req.InstanceID = next.GenerationID, next.MemberID, next.GroupInstanceID
+	}
 }
 
 // endTxn ends the open transaction on the broker (EndTxn, below v5: the
