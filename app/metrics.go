@@ -445,6 +445,29 @@ func (m *metrics) restoreProgress(tableOf func(string) string) func(changelog.Pr
 	}
 }
 
+// forgetRestores drops the restores of the changelog partitions this worker
+// no longer holds a copy of (held false; a copy kept as a standby or warm-up
+// keeps its last restore): their entries of the status page's list and their
+// restore gauges, labelled by tableOf(topic). Status filters its list by the
+// assignment as well, for a last report of a revoked partition's restore
+// that arrives after the assignment.
+func (m *metrics) forgetRestores(held func(topic string, p int32) bool, tableOf func(string) string) {
+	m.mu.Lock()
+	var gone []restoreKey
+	for k := range m.restores {
+		if !held(k.table, k.p) {
+			gone = append(gone, k)
+			delete(m.restores, k)
+		}
+	}
+	m.mu.Unlock()
+	for _, k := range gone {
+		tbl, p := tableOf(k.table), strconv.Itoa(int(k.p))
+		m.restoreLeft.DeleteLabelValues(tbl, p)
+		m.restoreRate.DeleteLabelValues(tbl, p)
+	}
+}
+
 // joining records the start of a JoinGroup (assignor Config.Offsets is called
 // before every one); the first since the last assignment starts the
 // rebalance's clock.

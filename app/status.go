@@ -184,6 +184,9 @@ func (w *Worker) Status() Status {
 	m := w.metrics
 	m.mu.Lock()
 	for k, pr := range m.restores {
+		if !holdsCopy(a, k.table, k.p) {
+			continue // moved away since (forgetRestores drops it at the assignment; this one reported after)
+		}
 		left := max(pr.Target-pr.Position, 0)
 		if pr.Done {
 			left = 0
@@ -260,6 +263,18 @@ func (w *Worker) members(a assignor.Assignment) ([]Member, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].MemberID < out[j].MemberID })
 	return out, nil
+}
+
+// holdsCopy reports whether a gives this worker a copy of partition p of
+// changelog topic: active, standby, warm-up or pending (partState's roles
+// other than RoleNone).
+func holdsCopy(a assignor.Assignment, topic string, p int32) bool {
+	for _, m := range []map[string][]int32{a.Actives, a.Standbys, a.Warmups, a.Pending} {
+		if slices.Contains(m[topic], p) {
+			return true
+		}
+	}
+	return false
 }
 
 // listenAddr is the address the HTTP server binds: addr, with localhost

@@ -3,15 +3,22 @@ package app
 import (
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/agent/source"
+	"github.com/runnel-dev/runnel/assignor"
+	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/stores"
+	"github.com/runnel-dev/runnel/table"
 )
 
 func get(t *testing.T, url string) (int, string) {
@@ -101,4 +108,99 @@ func counterSum(t *testing.T, m *metrics, name string) (float64, int) {
 		}
 	}
 	return n, samples
+}
+
+// statusWorker is a worker of an app with table counts (3 partitions, a
+// memory store) that was never run: no broker; its assignments are fed with
+// onAssignment and its restores with the restorer's progress callback.
+func statusWorker(t *testing.T) (*Worker, string) {
+	t.Helper()
+	ap := New("st", WithDataDir(t.TempDir()), WithLogger(slog.New(slog.DiscardHandler)))
+	counts := table.New(ap, "counts", codec.String(), codec.DecimalInt64(), table.Partitions(3))
+	w, err := ap.NewWorker(WorkerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := stores.NewMemory()
+	w.tables = append(w.tables, &tableRuntime{def: counts, parts: 3, store: st, state: table.NewState(counts, 3, st, nil)})
+	return w, counts.Changelog()
+}
+
+// restoredParts returns the partitions of table counts in s.Restores.
+func restoredParts(s Status) []int32 {
+	var ps []int32
+	for _, r := range s.Restores {
+		if r.Table == "counts" {
+			ps = append(ps, r.Partition)
+		}
+	}
+	return ps
+}
+
+// gaugeParts returns the partition label of every series of gauge name.
+func gaugeParts(t *testing.T, m *metrics, name string) []string {
+	t.Helper()
+	mfs, err := m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ps []string
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			for _, l := range s.GetLabel() {
+				if l.GetName() == "partition" {
+					ps = append(ps, l.GetValue())
+				}
+			}
+		}
+	}
+	slices.Sort(ps)
+	return ps
+}
+
+// A restore stays on the status page while this worker holds a copy of its
+// partition (active, or kept as a standby) and leaves it, with its restore
+// gauges, when the partition moved away: at the assignment that moves it,
+// and also when the restore's last report arrives after that assignment.
+func TestStatusRestoresLeaveWithTheirPartition(t *testing.T) {
+	w, cl := statusWorker(t)
+	report := w.metrics.restoreProgress(w.tableOfChangelog)
+	w.onAssignment(assignor.Assignment{Generation: 1, MemberID: "m1", Actives: map[string][]int32{cl: {0, 1, 2}}})
+	for p := range int32(3) {
+		report(changelog.Progress{Topic: cl, Partition: p, Records: 10, Position: 10, Target: 10, Done: true})
+	}
+	if got := restoredParts(w.Status()); !slices.Equal(got, []int32{0, 1, 2}) {
+		t.Fatalf("restores %v while active for 0-2, want [0 1 2]", got)
+	}
+
+	// Partition 1 moves away and stays here as a standby; partition 2 moves
+	// away altogether.
+	w.onAssignment(assignor.Assignment{Generation: 2, MemberID: "m1",
+		Actives: map[string][]int32{cl: {0}}, Standbys: map[string][]int32{cl: {1}}})
+	if got := restoredParts(w.Status()); !slices.Equal(got, []int32{0, 1}) {
+		t.Errorf("restores %v after partition 2 moved away (1 kept as a standby), want [0 1]", got)
+	}
+	for _, g := range []string{"runnel_restore_remaining_records", "runnel_restore_rate_records_per_second"} {
+		if got := gaugeParts(t, w.metrics, g); !slices.Equal(got, []string{"0", "1"}) {
+			t.Errorf("%s has series of partitions %v, want [0 1]", g, got)
+		}
+	}
+
+	// A report of partition 2's restore that arrives after the assignment
+	// (the restore ran until its claim stopped) does not bring it back.
+	report(changelog.Progress{Topic: cl, Partition: 2, Records: 4, Position: 4, Target: 30})
+	if got := restoredParts(w.Status()); !slices.Equal(got, []int32{0, 1}) {
+		t.Errorf("restores %v after a late report of moved partition 2, want [0 1]", got)
+	}
+	// The next assignment without it drops its entry and gauges.
+	w.onAssignment(assignor.Assignment{Generation: 3, MemberID: "m1", Actives: map[string][]int32{cl: {0}}})
+	if got := restoredParts(w.Status()); !slices.Equal(got, []int32{0}) {
+		t.Errorf("restores %v after partition 1 left as a standby too, want [0]", got)
+	}
+	if got := gaugeParts(t, w.metrics, "runnel_restore_remaining_records"); !slices.Equal(got, []string{"0"}) {
+		t.Errorf("runnel_restore_remaining_records has series of partitions %v, want [0]", got)
+	}
 }

@@ -707,6 +707,9 @@ func (w *Worker) onAssignment(a assignor.Assignment) {
 		w.txn.assigned(a.Generation)
 	}
 	w.metrics.assigned(a)
+	// The restores of partitions that left this worker leave the status
+	// page and the restore gauges.
+	w.metrics.forgetRestores(func(topic string, p int32) bool { return holdsCopy(a, topic, p) }, w.tableOfChangelog)
 	w.log.Info("assignment", "generation", a.Generation, "leader", a.Leader,
 		"actives", topicParts(a.Actives), "standbys", topicParts(a.Standbys), "warmups", topicParts(a.Warmups), "pending", topicParts(a.Pending))
 }
