@@ -9,8 +9,8 @@ import (
 	"net/http/pprof"
 	"slices"
 	"sort"
+	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/runnel-dev/runnel/assignor"
 )
@@ -104,8 +104,9 @@ type Status struct {
 	ProcessID string `json:"process_id"`
 	HTTPAddr  string `json:"http_addr"`
 	Ready     bool   `json:"ready"`
-	// Members are the consumer group's members (DescribeGroups); empty with
-	// MembersError set when the coordinator did not answer.
+	// Members are the consumer group's members (DescribeGroups, cached:
+	// Broker); empty with MembersError set when the coordinator did not
+	// answer.
 	Members      []Member       `json:"members"`
 	MembersError string         `json:"members_error,omitempty"`
 	Assignment   AssignmentView `json:"assignment"`
@@ -128,6 +129,9 @@ type Status struct {
 	Processed    int64 `json:"processed"`
 	Retried      int64 `json:"retried"`
 	DeadLettered int64 `json:"dead_lettered"`
+	// Broker says how old the answers from the brokers are (Members and the
+	// end offsets), which are cached.
+	Broker BrokerAnswers `json:"broker"`
 }
 
 // Member is one member of the consumer group.
@@ -165,21 +169,28 @@ type DeadLetterStatus struct {
 }
 
 // Status returns what the status page shows: the group's members, this
-// worker's assignment, tasks, lags, restores, recent rebalances and dead
-// letters. It asks the brokers for the members and the standbys' highwaters.
+// worker's assignment, tasks, lags, restores, recent rebalances, dead
+// letters and its totals. What comes from the brokers (the
+// members, the changelogs' end offsets) is cached: refreshed when older than
+// 1 s, waiting at most 300 ms for the brokers, so that Status answers at once
+// when they are slow; Broker says how old those answers are.
 func (w *Worker) Status() Status {
 	a := w.Assignment()
-	tps := w.tablePartitions() // one ListOffsets per copy, shared with the tasks' changelogs
+	view := w.answers.get(w.heldCopies(a))
+	now := time.Now()
+	hw := view.snap.highwater
+	tps := w.tablePartitions(a, hw)
 	s := Status{App: w.app.id, ProcessID: w.procID, HTTPAddr: w.cfg.HTTPAddr, Ready: w.Ready(),
-		Assignment: viewAssignment(a), Tasks: w.tasksWith(tps), Lag: w.metrics.lags(), StandbyLag: w.standbyLags(),
+		Assignment: viewAssignment(a), Tasks: w.tasksWith(a, tps, hw), Lag: w.metrics.lags(), StandbyLag: w.standbyLags(a, hw),
 		Processed: w.Processed(), Retried: w.Retried(), DeadLettered: w.DeadLettered(),
-		TablePartitions: tps}
-	if s.StandbyLag == nil {
-		s.StandbyLag = []StandbyLag{}
-	}
-	var err error
-	if s.Members, err = w.members(a); err != nil {
-		s.MembersError = err.Error()
+		TablePartitions: tps, Broker: answersOf(view, now), Members: []Member{}}
+	switch sn := view.snap; {
+	case sn == nil:
+		s.MembersError = fmt.Sprintf("describe group %s: %s", w.app.id, s.Broker.Error)
+	case sn.membersErr != nil:
+		s.MembersError = sn.membersErr.Error()
+	default:
+		s.Members = membersAt(sn.members, a)
 	}
 	m := w.metrics
 	m.mu.Lock()
@@ -193,7 +204,7 @@ func (w *Worker) Status() Status {
 		}
 		s.Restores = append(s.Restores, RestoreStatus{Table: w.tableOfChangelog(k.table), Partition: k.p, Records: pr.Records,
 			Position: pr.Position, Target: pr.Target, Remaining: left, Rate: pr.Rate,
-			ElapsedMS: float64(pr.Elapsed.Microseconds()) / 1000, Done: pr.Done})
+			ElapsedMS: ms(pr.Elapsed), Done: pr.Done})
 	}
 	s.Rebalances = slices.Clone(m.history)
 	byAgent := m.dlqByAgent
@@ -214,55 +225,7 @@ func (w *Worker) Status() Status {
 	if s.Rebalances == nil {
 		s.Rebalances = []RebalanceEvent{}
 	}
-	if s.Members == nil {
-		s.Members = []Member{}
-	}
 	return s
-}
-
-// members describes the consumer group (DescribeGroups) and joins each
-// member with its HTTP address from the assignment's URL map.
-func (w *Worker) members(a assignor.Assignment) ([]Member, error) {
-	if w.meta == nil {
-		return nil, fmt.Errorf("describe group %s: worker not running", w.app.id)
-	}
-	w.adminOnce.Do(func() {
-		// Shared with tables_committed.go: built from the metadata client,
-		// never closed (closing it would close the client).
-		w.admin, w.adminErr = sarama.NewClusterAdminFromClient(w.meta)
-	})
-	if w.adminErr != nil {
-		return nil, fmt.Errorf("describe group %s: %w", w.app.id, w.adminErr)
-	}
-	ds, err := w.admin.DescribeConsumerGroups([]string{w.app.id})
-	if err != nil {
-		return nil, fmt.Errorf("describe group %s: %w", w.app.id, err)
-	}
-	var out []Member
-	for _, d := range ds {
-		if d.Err != sarama.ErrNoError {
-			return nil, fmt.Errorf("describe group %s: %w", w.app.id, d.Err)
-		}
-		for id, md := range d.Members {
-			m := Member{MemberID: id, ClientID: md.ClientId, ClientHost: md.ClientHost, Partitions: map[string][]int32{},
-				Self: id == a.MemberID}
-			if as, err := md.GetMemberAssignment(); err == nil && as != nil {
-				for t, ps := range as.Topics {
-					ps = slices.Clone(ps)
-					slices.Sort(ps)
-					m.Partitions[t] = ps
-				}
-			}
-			for t, ps := range m.Partitions {
-				if len(ps) > 0 && a.URLs[t] != nil {
-					m.URL = a.URLs[t][ps[0]]
-				}
-			}
-			out = append(out, m)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].MemberID < out[j].MemberID })
-	return out, nil
 }
 
 // holdsCopy reports whether a gives this worker a copy of partition p of
@@ -276,6 +239,9 @@ func holdsCopy(a assignor.Assignment, topic string, p int32) bool {
 	}
 	return false
 }
+
+// ms is d in milliseconds, to the microsecond.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // listenAddr is the address the HTTP server binds: addr, with localhost
 // when addr names no host (":8080"), so that a worker exposes its API to

@@ -9,6 +9,8 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -202,5 +204,92 @@ func TestStatusRestoresLeaveWithTheirPartition(t *testing.T) {
 	}
 	if got := gaugeParts(t, w.metrics, "runnel_restore_remaining_records"); !slices.Equal(got, []string{"0"}) {
 		t.Errorf("runnel_restore_remaining_records has series of partitions %v, want [0]", got)
+	}
+}
+
+// The broker answers are asked again only when older than brokerFresh or
+// missing a copy asked for, one refresh at a time; a Status waits for a
+// refresh at most brokerWait from its start and otherwise gets the previous
+// answers with the refresh's age; a stopped cache asks nothing.
+func TestStatusBrokerAnswersCache(t *testing.T) {
+	k0, k1 := restoreKey{"cl", 0}, restoreKey{"cl", 1}
+	var asks atomic.Int32
+	var gate chan struct{} // nil: answer at once
+	var mu sync.Mutex
+	b := &brokerAnswers{}
+	b.ask = func(started time.Time, want []restoreKey) *brokerSnapshot {
+		n := asks.Add(1)
+		mu.Lock()
+		g := gate
+		mu.Unlock()
+		if g != nil {
+			<-g
+		}
+		s := &brokerSnapshot{started: started, asked: map[restoreKey]bool{}, ends: map[restoreKey]int64{}}
+		for _, k := range want {
+			s.asked[k], s.ends[k] = true, int64(100*n)+int64(k.p)
+		}
+		return s
+	}
+	b.setOpen(true)
+	hw := func(v brokerView, k restoreKey) int64 {
+		t.Helper()
+		off, err := v.snap.highwater(k.table, k.p)
+		if err != nil {
+			t.Fatalf("highwater of %v: %v", k, err)
+		}
+		return off
+	}
+
+	if v := b.get([]restoreKey{k0}); asks.Load() != 1 || hw(v, k0) != 100 || !v.refreshing.IsZero() {
+		t.Fatalf("first get: %d asks, view %+v; want 1 ask answered at once", asks.Load(), v)
+	}
+	if v := b.get([]restoreKey{k0}); asks.Load() != 1 || hw(v, k0) != 100 {
+		t.Fatalf("get of fresh answers: %d asks; want still 1", asks.Load())
+	}
+	if v := b.get([]restoreKey{k0, k1}); asks.Load() != 2 || hw(v, k1) != 201 {
+		t.Fatalf("get with a new copy: %d asks, view %+v; want a second ask that covers it", asks.Load(), v)
+	}
+
+	// The broker stalls: answers 2 s old are served after brokerWait.
+	mu.Lock()
+	gate = make(chan struct{})
+	mu.Unlock()
+	b.mu.Lock()
+	b.last = &brokerSnapshot{started: time.Now().Add(-2 * time.Second), asked: b.last.asked, ends: b.last.ends}
+	b.mu.Unlock()
+	start := time.Now()
+	v := b.get([]restoreKey{k0, k1})
+	took := time.Since(start)
+	if asks.Load() != 3 || took < brokerWait-50*time.Millisecond || took > time.Second || hw(v, k1) != 201 || v.refreshing.IsZero() {
+		t.Fatalf("get of stale answers with a stalled broker: %d asks, %v, view %+v; want 3 asks, the old answers after ~%v, refreshing",
+			asks.Load(), took, v, brokerWait)
+	}
+	if a := answersOf(v, time.Now()); a.AgeMS < 2000 || a.RefreshingMS < float64(brokerWait.Milliseconds())-50 || a.Error != "" {
+		t.Errorf("answers while the refresh waits: %+v; want over 2 s old, a refresh under way for about %v", a, brokerWait)
+	}
+	start = time.Now()
+	if v := b.get([]restoreKey{k0, k1}); asks.Load() != 3 || time.Since(start) > 100*time.Millisecond || v.refreshing.IsZero() {
+		t.Fatalf("second get while the refresh waits: %d asks after %v; want no new ask, no wait", asks.Load(), time.Since(start))
+	}
+	close(gate)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		v := b.get([]restoreKey{k0, k1})
+		if v.refreshing.IsZero() && hw(v, k0) == 300 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stalled refresh's answers never arrived: %+v", v)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	b.setOpen(false)
+	b.mu.Lock()
+	b.last = &brokerSnapshot{started: time.Now().Add(-time.Minute)}
+	b.mu.Unlock()
+	n := asks.Load()
+	if v := b.get([]restoreKey{k0}); asks.Load() != n || !v.closed {
+		t.Fatalf("get after stop: %d asks, view %+v; want no ask", asks.Load()-n, v)
 	}
 }

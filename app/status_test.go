@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -11,12 +12,16 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/runnel-dev/runnel/app"
+	"github.com/runnel-dev/runnel/internal/embedded"
 	"github.com/runnel-dev/runnel/internal/testbroker"
 	"github.com/runnel-dev/runnel/internal/testtool"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // statusCluster runs two workers of one opsApp (two declarations of the same
@@ -304,4 +309,158 @@ func chromiumPage(t *testing.T, addr string, s app.Status) {
 		t.Errorf("screenshot %s: %v (%v)", shot, fi, err)
 	}
 	t.Logf("screenshot: %s", shot)
+}
+
+// timedGet gets url and returns the body and how long the answer took; a
+// client timeout of 20 s turns a page that waits for the stalled broker
+// into a failure instead of a hung test.
+func timedGet(t *testing.T, url string) (string, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	resp, err := (&http.Client{Timeout: 20 * time.Second}).Get(url)
+	if err != nil {
+		t.Fatalf("GET %s after %v: %v", url, time.Since(start), err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	took := time.Since(start)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
+	}
+	return string(b), took
+}
+
+// The status page and /api/status answer within 1 s while the broker takes
+// 6 s for every DescribeGroups and ListOffsets (kfake holds them): they show
+// the answers cached before the stall, their age and the refresh waiting for
+// the broker, and fresh answers once the broker answers again.
+func TestStatusAnswersWhileBrokerStalls(t *testing.T) {
+	if testbroker.Real() {
+		t.Skip("stalls requests through kfake's control functions")
+	}
+	const stall, bound = 6 * time.Second, time.Second
+	b, err := embedded.Start(embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	brokers, c := b.Addrs(), b.Cluster()
+	id := testbroker.Topic(t, "app")
+	o := newOpsApp(t, id)
+	w, err := o.app.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() {
+		releaseOnce.Do(func() { close(release) }) // the refresh under way returns at once
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+
+	base := "http://" + o.addr
+	send(t, brokers, o.words.Name(), kv{"a", "x"}, kv{"b", "y"}, kv{"c", "z"})
+	testbroker.WaitLag0(t, brokers, id, o.words.Name())
+	var before app.Status
+	for deadline := time.Now().Add(testbroker.WaitTimeout); ; {
+		resp, err := http.Get(base + "/api/status")
+		if err == nil {
+			before = app.Status{}
+			err = json.NewDecoder(resp.Body).Decode(&before)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if before.Ready && len(before.Members) == 1 && len(before.TablePartitions) == parts && before.Broker.Error == "" &&
+				before.Broker.AgeMS < 1000 && endsKnown(before) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker never showed 1 member and every table partition with its end offset: %+v", before)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	var stalled atomic.Int32
+	var stalling atomic.Bool
+	stalling.Store(true)
+	for _, k := range []kmsg.Key{kmsg.DescribeGroups, kmsg.ListOffsets} {
+		c.ControlKey(int16(k), func(kmsg.Request) (kmsg.Response, error, bool) {
+			if stalling.Load() {
+				stalled.Add(1)
+				c.SleepControl(func() {
+					select {
+					case <-release:
+					case <-time.After(stall):
+					}
+				})
+			}
+			return nil, nil, false // kept (not handled); answered normally after the stall
+		})
+	}
+	stallStart := time.Now()
+	time.Sleep(1100 * time.Millisecond) // the cached answers are older than their 1 s freshness: each request asks again
+
+	var slowest time.Duration
+	var during app.Status
+	for i := range 6 { // 6 requests over ~3 s, all within the first 6 s stall
+		var took time.Duration
+		if i%2 == 0 {
+			var body string
+			body, took = timedGet(t, base+"/api/status")
+			during = app.Status{}
+			if err := json.Unmarshal([]byte(body), &during); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			_, took = timedGet(t, base+"/")
+		}
+		t.Logf("request %d during the stall: %v", i, took)
+		slowest = max(slowest, took)
+		time.Sleep(400 * time.Millisecond)
+	}
+	if stalled.Load() == 0 {
+		t.Fatal("no DescribeGroups or ListOffsets reached the broker during the stall: the test stalled nothing")
+	}
+	if slowest >= bound {
+		t.Errorf("the slowest answer during the stall took %v, want under %v", slowest, bound)
+	}
+	// The answers shown are those from before the stall, aged, with the
+	// refresh waiting for the broker.
+	if len(during.Members) != 1 || during.Members[0].MemberID != before.Members[0].MemberID || !endsKnown(during) ||
+		during.Broker.AgeMS < 1000 || during.Broker.RefreshingMS < 500 {
+		t.Errorf("status during the stall: members %+v, broker %+v (stall began %v ago); want the member and end offsets "+
+			"from before, over 1 s old, and a refresh waiting for the broker", during.Members, during.Broker, time.Since(stallStart))
+	}
+
+	// The broker answers again: the next requests get fresh answers.
+	stalling.Store(false)
+	releaseOnce.Do(func() { close(release) })
+	for deadline := time.Now().Add(testbroker.WaitTimeout); ; {
+		s, _ := getStatus(t, o.addr)
+		if s.Broker.AgeMS < 1000 && s.Broker.RefreshingMS == 0 && s.Broker.Error == "" && len(s.Members) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("answers never fresh again after the stall: %+v", s.Broker)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// endsKnown reports whether every table partition of s has its end offset.
+func endsKnown(s app.Status) bool {
+	for _, tp := range s.TablePartitions {
+		if tp.Lag < 0 {
+			return false
+		}
+	}
+	return len(s.TablePartitions) > 0
 }
