@@ -129,6 +129,14 @@ type Status struct {
 	Processed    int64 `json:"processed"`
 	Retried      int64 `json:"retried"`
 	DeadLettered int64 `json:"dead_lettered"`
+	// ProcessedPerSecond, RetriedPerSecond and DeadLetteredPerSecond are
+	// the totals' rates over the last RateWindowMS (about 10 s; 0 in the
+	// worker's first second), from samples the worker takes of its counters
+	// once a second.
+	ProcessedPerSecond    float64 `json:"processed_per_second"`
+	RetriedPerSecond      float64 `json:"retried_per_second"`
+	DeadLetteredPerSecond float64 `json:"dead_lettered_per_second"`
+	RateWindowMS          float64 `json:"rate_window_ms"`
 	// Broker says how old the answers from the brokers are (Members and the
 	// end offsets), which are cached.
 	Broker BrokerAnswers `json:"broker"`
@@ -170,7 +178,7 @@ type DeadLetterStatus struct {
 
 // Status returns what the status page shows: the group's members, this
 // worker's assignment, tasks, lags, restores, recent rebalances, dead
-// letters and its totals. What comes from the brokers (the
+// letters, and its totals with their rates. What comes from the brokers (the
 // members, the changelogs' end offsets) is cached: refreshed when older than
 // 1 s, waiting at most 300 ms for the brokers, so that Status answers at once
 // when they are slow; Broker says how old those answers are.
@@ -180,10 +188,12 @@ func (w *Worker) Status() Status {
 	now := time.Now()
 	hw := view.snap.highwater
 	tps := w.tablePartitions(a, hw)
+	r := w.rates.rates()
 	s := Status{App: w.app.id, ProcessID: w.procID, HTTPAddr: w.cfg.HTTPAddr, Ready: w.Ready(),
 		Assignment: viewAssignment(a), Tasks: w.tasksWith(a, tps, hw), Lag: w.metrics.lags(), StandbyLag: w.standbyLags(a, hw),
 		Processed: w.Processed(), Retried: w.Retried(), DeadLettered: w.DeadLettered(),
-		TablePartitions: tps, Broker: answersOf(view, now), Members: []Member{}}
+		ProcessedPerSecond: r.processed, RetriedPerSecond: r.retried, DeadLetteredPerSecond: r.deadLettered,
+		RateWindowMS: ms(r.window), TablePartitions: tps, Broker: answersOf(view, now), Members: []Member{}}
 	switch sn := view.snap; {
 	case sn == nil:
 		s.MembersError = fmt.Sprintf("describe group %s: %s", w.app.id, s.Broker.Error)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -204,6 +205,42 @@ func TestStatusRestoresLeaveWithTheirPartition(t *testing.T) {
 	}
 	if got := gaugeParts(t, w.metrics, "runnel_restore_remaining_records"); !slices.Equal(got, []string{"0"}) {
 		t.Errorf("runnel_restore_remaining_records has series of partitions %v, want [0]", got)
+	}
+}
+
+// The rates are the counters' increase between the oldest and the newest
+// sample of the last 10 s, over the time between them; a task's rate counts
+// from 0 at the last sample taken before it (re)started: a sample without
+// it, or one whose count is above the next one's.
+func TestStatusRatesFromSamples(t *testing.T) {
+	var r rateSampler
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	k1, k2, k3 := taskKey{4, 1}, taskKey{4, 2}, taskKey{4, 3}
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	if got := r.rates(); got.window != 0 || got.processed != 0 {
+		t.Fatalf("rates of no samples %+v, want zero", got)
+	}
+	r.add(counterSample{at: at(0), processed: 1000, handed: map[taskKey]int64{k1: 500, k2: 900}}, rateWindow)
+	if got := r.rates(); got.window != 0 || got.processed != 0 || len(got.handed) != 0 {
+		t.Fatalf("rates of one sample %+v, want zero", got)
+	}
+	r.add(counterSample{at: at(5), processed: 1100, retried: 5, handed: map[taskKey]int64{k1: 550, k2: 10}}, rateWindow)
+	r.add(counterSample{at: at(10), processed: 1300, retried: 5, deadLettered: 2,
+		handed: map[taskKey]int64{k1: 700, k2: 60, k3: 5}}, rateWindow)
+	got := r.rates()
+	want := rates{window: 10 * time.Second, processed: 30, retried: 0.5, deadLettered: 0.2,
+		handed: map[taskKey]float64{k1: 20, k2: 6, k3: 1}} // k2 restarted after 0 s: 60/10; k3 started after 5 s: 5/5
+	if got.window != want.window || got.processed != want.processed || got.retried != want.retried ||
+		got.deadLettered != want.deadLettered || !maps.Equal(got.handed, want.handed) {
+		t.Fatalf("rates over 0-10 s = %+v, want %+v", got, want)
+	}
+	// At 12 s the sample of 0 s is out of the window: 5-12 s.
+	r.add(counterSample{at: at(12), processed: 1440, retried: 5, deadLettered: 2,
+		handed: map[taskKey]int64{k1: 756, k2: 60, k3: 25}}, rateWindow)
+	got = r.rates()
+	if got.window != 7*time.Second || got.processed != 340.0/7 || got.retried != 0 || got.deadLettered != 2.0/7 ||
+		got.handed[k1] != 206.0/7 || got.handed[k2] != 50.0/7 || got.handed[k3] != 25.0/7 {
+		t.Fatalf("rates over 5-12 s = %+v, want window 7 s, processed 340/7, dead-lettered 2/7, tasks 206/7, 50/7, 25/7", got)
 	}
 }
 

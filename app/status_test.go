@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -129,7 +130,8 @@ func checkSnake(t *testing.T, path string, v any) {
 // status page at / show on both workers: both members, the partitions split
 // between their tasks, lag 0 on each worker's claims, the other worker's
 // partitions as standbys caught up, the latest rebalance, dead-letter counts
-// that add up to 3 and processed counts that add up to 40. The page itself is
+// that add up to 3, processed counts that add up to 40 and processed rates
+// that account for the 40 (checkRates). The page itself is
 // loaded in headless Chromium (Debian chromium; .ci/run installs it), its
 // rendered DOM checked and a screenshot kept (go test -artifacts).
 func TestStatusTwoWorkers(t *testing.T) {
@@ -167,8 +169,10 @@ func TestStatusTwoWorkers(t *testing.T) {
 		}
 		recs = append(recs, kv{fmt.Sprintf("w%d", i%10), v})
 	}
+	sent := time.Now()
 	send(t, brokers, apps[0].words.Name(), recs...)
 	testbroker.WaitLag0(t, brokers, id, apps[0].words.Name())
+	checkRates(t, apps, sent, 40)
 	// Standbys apply a changelog record once its source offset is committed
 	// (lag 0 above): wait for them to catch up.
 	var raws [2]map[string]any
@@ -255,6 +259,57 @@ func TestStatusTwoWorkers(t *testing.T) {
 	}())
 
 	chromiumPage(t, apps[1].addr, ss[1])
+}
+
+// checkRates waits until the workers' rates over their sampled windows
+// account for the n records sent at sent and processed since: the sum over
+// both workers of processed_per_second times rate_window_ms is n once both
+// sampled their counters after the last record, while the window still
+// reaches back before the send (10 s). Each running task that handed out
+// records has a handed rate. Too late to see the whole burst (a machine so
+// loaded that the records took over 9 s), it only checks that some rate was
+// seen.
+func checkRates(t *testing.T, apps [2]*opsApp, sent time.Time, n int) {
+	t.Helper()
+	var last [2]app.Status
+	seen := false
+	for {
+		var inWindow float64
+		for i, o := range apps {
+			last[i], _ = getStatus(t, o.addr)
+			s := last[i]
+			inWindow += s.ProcessedPerSecond * s.RateWindowMS / 1000
+			if s.ProcessedPerSecond < 0 || s.RateWindowMS > 10_500 || (s.ProcessedPerSecond > 0 && s.RateWindowMS <= 0) {
+				t.Fatalf("worker %d: processed %.1f/s over %.0f ms: want a rate >= 0 over a window of at most 10 s", i, s.ProcessedPerSecond, s.RateWindowMS)
+			}
+		}
+		seen = seen || inWindow > 0
+		if math.Round(inWindow) > float64(n) {
+			t.Fatalf("rates account for %.1f records in their windows, more than the %d sent: %+v / %+v", inWindow, n, last[0], last[1])
+		}
+		if math.Round(inWindow) == float64(n) {
+			break
+		}
+		if time.Since(sent) > 9*time.Second {
+			if !seen {
+				t.Fatalf("no processed rate seen within 9 s of sending %d records", n)
+			}
+			t.Logf("the burst left the rate window before both workers sampled it (%v since the send); rates not checked exactly", time.Since(sent))
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i, s := range last {
+		if s.RetriedPerSecond != 0 || s.DeadLetteredPerSecond*s.RateWindowMS/1000 > 3.5 {
+			t.Errorf("worker %d: retried %.2f/s, dead-lettered %.2f/s over %.0f ms: want no retries and at most the 3 dead letters",
+				i, s.RetriedPerSecond, s.DeadLetteredPerSecond, s.RateWindowMS)
+		}
+		for _, tk := range s.Tasks {
+			if tk.State == app.TaskRunning && tk.Handed > 0 && tk.HandedPerSecond <= 0 {
+				t.Errorf("worker %d: task %d handed out %d records in the burst, handed_per_second %v", i, tk.Partition, tk.Handed, tk.HandedPerSecond)
+			}
+		}
+	}
 }
 
 // chromiumPage loads the status page of addr in headless Chromium and

@@ -88,6 +88,7 @@ type Worker struct {
 	adminErr  error
 
 	answers brokerAnswers // the status page's cached broker answers (status_broker.go)
+	rates   rateSampler   // the status page's rates (status_rates.go)
 }
 
 type tableRuntime struct {
@@ -161,11 +162,14 @@ func (w *Worker) Tasks() []TaskStatus { return w.tasksWith(w.Assignment(), nil, 
 
 // tasksWith is Tasks under assignment a, taking the positions of the table
 // partitions in known (tablePartitions, when the caller has them already)
-// and the highwaters of the others from hw.
+// and the highwaters of the others from hw. Each task has its rate of
+// records handed out over the sampled window.
 func (w *Worker) tasksWith(a assignor.Assignment, known []TablePartitionStatus, hw highwaterFunc) []TaskStatus {
 	out := w.tasks.status()
+	handed := w.rates.rates().handed
 	for i := range out {
 		ts := &out[i]
+		ts.HandedPerSecond = handed[taskKey{ts.Partitions, ts.Partition}]
 		if ts.State != TaskRestoring && ts.State != TaskStandby {
 			continue
 		}
@@ -446,6 +450,10 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	plogDone := make(chan struct{})
 	go func() { defer close(plogDone); plog.Run(plogCtx) }()
 	closers = append(closers, func() error { stopPlog(); <-plogDone; return nil })
+	rateCtx, stopRates := context.WithCancel(ctx)
+	ratesDone := make(chan struct{})
+	go func() { defer close(ratesDone); w.sampleRates(rateCtx) }()
+	closers = append(closers, func() error { stopRates(); <-ratesDone; return nil })
 	restoreMetrics := w.metrics.restoreProgress(w.tableOfChangelog)
 	w.restorer = &changelog.Restorer{Client: offClient, Consumer: consumer, Logger: w.log, ProgressInterval: time.Second,
 		OnProgress: func(pr changelog.Progress) {
