@@ -15,7 +15,8 @@ import (
 	"github.com/runnel-dev/runnel/assignor"
 )
 
-// web holds the status page: plain HTML and JavaScript, no build step.
+// web holds the status page's template: HTML, a little CSS and a script,
+// no build step (status_page.go).
 //
 //go:embed web/index.html
 var web embed.FS
@@ -43,10 +44,7 @@ func (w *Worker) httpMux() *http.ServeMux {
 		}{viewAssignment(w.Assignment()), w.Tasks()})
 	})
 	mux.HandleFunc("GET /api/status", func(rw http.ResponseWriter, _ *http.Request) { writeJSON(rw, w.Status()) })
-	mux.HandleFunc("GET /{$}", func(rw http.ResponseWriter, r *http.Request) {
-		rw.Header().Set("Content-Type", "text/html; charset=utf-8")
-		http.ServeFileFS(rw, r, web, "web/index.html")
-	})
+	mux.HandleFunc("GET /{$}", w.servePage) // status_page.go
 	if w.cfg.Pprof {
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
@@ -103,7 +101,9 @@ type Status struct {
 	App       string `json:"app"`
 	ProcessID string `json:"process_id"`
 	HTTPAddr  string `json:"http_addr"`
-	Ready     bool   `json:"ready"`
+	// At is when the status was taken.
+	At    time.Time `json:"at"`
+	Ready bool      `json:"ready"`
 	// Members are the consumer group's members (DescribeGroups, cached:
 	// Broker); empty with MembersError set when the coordinator did not
 	// answer.
@@ -189,7 +189,7 @@ func (w *Worker) Status() Status {
 	hw := view.snap.highwater
 	tps := w.tablePartitions(a, hw)
 	r := w.rates.rates()
-	s := Status{App: w.app.id, ProcessID: w.procID, HTTPAddr: w.cfg.HTTPAddr, Ready: w.Ready(),
+	s := Status{App: w.app.id, ProcessID: w.procID, HTTPAddr: w.cfg.HTTPAddr, At: now.UTC(), Ready: w.Ready(),
 		Assignment: viewAssignment(a), Tasks: w.tasksWith(a, tps, hw), Lag: w.metrics.lags(), StandbyLag: w.standbyLags(a, hw),
 		Processed: w.Processed(), Retried: w.Retried(), DeadLettered: w.DeadLettered(),
 		ProcessedPerSecond: r.processed, RetriedPerSecond: r.retried, DeadLetteredPerSecond: r.deadLettered,

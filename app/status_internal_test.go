@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -241,6 +242,62 @@ func TestStatusRatesFromSamples(t *testing.T) {
 	if got.window != 7*time.Second || got.processed != 340.0/7 || got.retried != 0 || got.deadLettered != 2.0/7 ||
 		got.handed[k1] != 206.0/7 || got.handed[k2] != 50.0/7 || got.handed[k3] != 25.0/7 {
 		t.Fatalf("rates over 5-12 s = %+v, want window 7 s, processed 340/7, dead-lettered 2/7, tasks 206/7, 50/7, 25/7", got)
+	}
+}
+
+// A member's HTTP address links to its status page when it names a host.
+func TestStatusMemberHref(t *testing.T) {
+	for addr, want := range map[string]string{
+		"10.0.0.5:8080":            "http://10.0.0.5:8080/",
+		"[::1]:9":                  "http://[::1]:9/",
+		"https://w1.example:8443":  "https://w1.example:8443/",
+		"http://w1.example/runnel": "http://w1.example/runnel",
+		":8080":                    "",
+		"":                         "",
+		"javascript:alert(1)":      "",
+		"ftp://w1.example/":        "",
+	} {
+		if got := memberHref(addr); got != want {
+			t.Errorf("memberHref(%q) = %q, want %q", addr, got, want)
+		}
+	}
+}
+
+// The status page of a worker that is not running is rendered by the server
+// (no script needed to see it) and says why it has no members; ?part=main
+// is its main element alone, which the page's script swaps in.
+func TestStatusPageServerRendered(t *testing.T) {
+	w, cl := statusWorker(t)
+	w.onAssignment(assignor.Assignment{Generation: 4, MemberID: "m1", Actives: map[string][]int32{cl: {0, 2}}})
+	srv := httptest.NewServer(w.httpMux())
+	defer srv.Close()
+	code, page := get(t, srv.URL+"/")
+	for _, want := range []string{
+		"<title>Runnel worker · st</title>",
+		`<h1>Runnel app <span id="app">st</span></h1>`,
+		`<span id="generation">4</span>`,
+		`<td>active</td><td>` + cl + `</td><td>0,2</td>`,
+		"none (describe group st: worker not running)",
+		`<td class="n">0</td><td class="n">?</td><td class="n bad">?</td>`, // counts[0]: restored 0, end offset unknown
+		`setInterval(refresh, 2000)`,
+	} {
+		if code != http.StatusOK || !strings.Contains(page, want) {
+			t.Errorf("GET /: %d, lacks %q", code, want)
+		}
+	}
+	if external := regexp.MustCompile(`(?i)\ssrc=|<link|@import|url\(`).FindString(page); external != "" {
+		t.Errorf("the page loads a resource (%q); it must be self-contained", external)
+	}
+	code, part := get(t, srv.URL+"/?part=main")
+	if code != http.StatusOK || !strings.HasPrefix(part, `<main id="main">`) || !strings.HasSuffix(part, "</main>") ||
+		!strings.Contains(part, `<span id="generation">4</span>`) {
+		t.Errorf("GET /?part=main: %d %.300q, want the main element alone", code, part)
+	}
+	if code, _ := get(t, srv.URL+"/?part=nav"); code != http.StatusBadRequest {
+		t.Errorf("GET /?part=nav: %d, want 400", code)
+	}
+	if t.Failed() || testing.Verbose() {
+		t.Logf("page:\n%s", page)
 	}
 }
 

@@ -131,9 +131,11 @@ func checkSnake(t *testing.T, path string, v any) {
 // between their tasks, lag 0 on each worker's claims, the other worker's
 // partitions as standbys caught up, the latest rebalance, dead-letter counts
 // that add up to 3, processed counts that add up to 40 and processed rates
-// that account for the 40 (checkRates). The page itself is
-// loaded in headless Chromium (Debian chromium; .ci/run installs it), its
-// rendered DOM checked and a screenshot kept (go test -artifacts).
+// that account for the 40 (checkRates). The page as curl gets it (no script)
+// shows the same, with the other worker's page as a link (curlPage); then it
+// is loaded in headless Chromium (Debian chromium; .ci/run installs it), its
+// DOM after the script's refreshes checked and a screenshot kept (go test
+// -artifacts).
 func TestStatusTwoWorkers(t *testing.T) {
 	id, apps, workers, brokers := statusCluster(t)
 	var ss [2]app.Status
@@ -248,9 +250,8 @@ func TestStatusTwoWorkers(t *testing.T) {
 	if dead != 3 || processed != 40 {
 		t.Errorf("dead letters %d and processed %d over both workers; want 3 and 40", dead, processed)
 	}
-	page := httpGet(t, "http://"+apps[0].addr+"/")
-	if !strings.Contains(page, `fetch("api/status")`) || !strings.Contains(page, "<title>Runnel worker</title>") {
-		t.Errorf("status page does not load api/status: %.300s", page)
+	for i := range apps {
+		curlPage(t, apps[i].addr, apps[1-i].addr, ss[i])
 	}
 	checkSnake(t, "assignment", func() any {
 		var v any
@@ -312,9 +313,53 @@ func checkRates(t *testing.T, apps [2]*opsApp, sent time.Time, n int) {
 	}
 }
 
-// chromiumPage loads the status page of addr in headless Chromium and
-// checks that its script rendered s: the dead-letter total, both members
-// with this worker marked, and a running task per partition of the worker.
+// curlPage checks the status page of addr as curl sees it, without running
+// its script: it was rendered by the worker from s, with the app, every
+// member with this worker's row marked and the other worker's page as a
+// link, a row per task, and the totals.
+func curlPage(t *testing.T, addr, other string, s app.Status) {
+	t.Helper()
+	page := httpGet(t, "http://"+addr+"/")
+	want := []string{
+		"<title>Runnel worker · " + s.App + "</title>",
+		`<h1>Runnel app <span id="app">` + s.App + `</span></h1>`,
+		fmt.Sprintf(`<span id="generation">%d</span>`, s.Assignment.Generation),
+		`<span id="ready" class="ok">ready</span>`,
+		fmt.Sprintf(`<b id="processed">%d</b>`, s.Processed),
+		fmt.Sprintf(`<b id="dead_lettered">%d</b>`, s.DeadLettered),
+		`<tr class="self"><td class="ok">` + s.Assignment.MemberID + ` (this worker)</td>`,
+		`<a href="http://` + other + `/">` + other + `</a>`,
+		`<a href="http://` + addr + `/">` + addr + `</a>`,
+	}
+	for _, m := range s.Members {
+		if !m.Self {
+			want = append(want, "<tr><td>"+m.MemberID+"</td>")
+		}
+	}
+	for _, p := range taskParts(s, app.TaskRunning) {
+		want = append(want, fmt.Sprintf(`<tr><td>%d/%d</td><td class="ok">running</td><td></td>`, p, parts))
+	}
+	for _, p := range taskParts(s, app.TaskStandby) {
+		want = append(want, fmt.Sprintf(`<tr><td>%d/%d</td><td class="ok">standby</td><td class="n">0</td>`, p, parts))
+	}
+	for _, w := range want {
+		if !strings.Contains(page, w) {
+			t.Errorf("GET http://%s/ (no script run) lacks %q", addr, w)
+		}
+	}
+	if strings.Count(page, "(this worker)") != 1 {
+		t.Errorf("GET http://%s/: %d rows marked as this worker, want 1", addr, strings.Count(page, "(this worker)"))
+	}
+	if t.Failed() {
+		t.Logf("page of %s:\n%s", addr, page)
+	}
+}
+
+// chromiumPage loads the status page of addr in headless Chromium for 4 s
+// (virtual time) and checks what it shows: the rendering of s by the worker,
+// swapped in by the page's script at least once (data-refreshes) without a
+// refresh error; the dead-letter total, both members with this worker
+// marked, and a task row per partition of the worker.
 func chromiumPage(t *testing.T, addr string, s app.Status) {
 	t.Helper()
 	bin := testtool.LookPath(t, "chromium", "chromium", "apt-get install chromium")
@@ -335,7 +380,11 @@ func chromiumPage(t *testing.T, addr string, s app.Status) {
 		return string(out)
 	}
 	dom := run("--dump-dom")
+	if n := regexp.MustCompile(`<body data-refreshes="(\d+)">`).FindStringSubmatch(dom); n == nil || n[1] == "0" {
+		t.Errorf("the page's script never replaced the main element (body %v)", n)
+	}
 	want := []string{
+		`<div id="refresh" class="bad"></div>`,
 		fmt.Sprintf(`<b id="dead_lettered">%d</b>`, s.DeadLettered),
 		fmt.Sprintf(`<b id="processed">%d</b>`, s.Processed),
 		s.Assignment.MemberID + " (this worker)",
@@ -465,6 +514,7 @@ func TestStatusAnswersWhileBrokerStalls(t *testing.T) {
 
 	var slowest time.Duration
 	var during app.Status
+	var page string
 	for i := range 6 { // 6 requests over ~3 s, all within the first 6 s stall
 		var took time.Duration
 		if i%2 == 0 {
@@ -475,7 +525,7 @@ func TestStatusAnswersWhileBrokerStalls(t *testing.T) {
 				t.Fatal(err)
 			}
 		} else {
-			_, took = timedGet(t, base+"/")
+			page, took = timedGet(t, base+"/")
 		}
 		t.Logf("request %d during the stall: %v", i, took)
 		slowest = max(slowest, took)
@@ -493,6 +543,11 @@ func TestStatusAnswersWhileBrokerStalls(t *testing.T) {
 		during.Broker.AgeMS < 1000 || during.Broker.RefreshingMS < 500 {
 		t.Errorf("status during the stall: members %+v, broker %+v (stall began %v ago); want the member and end offsets "+
 			"from before, over 1 s old, and a refresh waiting for the broker", during.Members, during.Broker, time.Since(stallStart))
+	}
+	for _, want := range []string{`<div id="broker" class="bad">`, "a refresh has waited", before.Members[0].MemberID + " (this worker)"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page during the stall lacks %q", want)
+		}
 	}
 
 	// The broker answers again: the next requests get fresh answers.
