@@ -20,7 +20,6 @@ import (
 	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/changelog"
 	"github.com/runnel-dev/runnel/internal/task"
-	"github.com/runnel-dev/runnel/stores"
 	"github.com/runnel-dev/runnel/table"
 )
 
@@ -445,6 +444,29 @@ func (m *metrics) restoreProgress(tableOf func(string) string) func(changelog.Pr
 	}
 }
 
+// forgetRestores drops the restores of the changelog partitions this worker
+// no longer holds a copy of (held false; a copy kept as a standby or warm-up
+// keeps its last restore): their entries of the status page's list and their
+// restore gauges, labelled by tableOf(topic). Status filters its list by the
+// assignment as well, for a last report of a revoked partition's restore
+// that arrives after the assignment.
+func (m *metrics) forgetRestores(held func(topic string, p int32) bool, tableOf func(string) string) {
+	m.mu.Lock()
+	var gone []restoreKey
+	for k := range m.restores {
+		if !held(k.table, k.p) {
+			gone = append(gone, k)
+			delete(m.restores, k)
+		}
+	}
+	m.mu.Unlock()
+	for _, k := range gone {
+		tbl, p := tableOf(k.table), strconv.Itoa(int(k.p))
+		m.restoreLeft.DeleteLabelValues(tbl, p)
+		m.restoreRate.DeleteLabelValues(tbl, p)
+	}
+}
+
 // joining records the start of a JoinGroup (assignor Config.Offsets is called
 // before every one); the first since the last assignment starts the
 // rebalance's clock.
@@ -518,7 +540,7 @@ func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, l := range w.metrics.lags() {
 		ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, float64(l.Lag), l.Topic, strconv.Itoa(int(l.Partition)))
 	}
-	for _, s := range w.standbyLags() {
+	for _, s := range w.standbyLags(w.Assignment(), w.liveHighwater) {
 		ch <- prometheus.MustNewConstMetric(descStandbyLag, prometheus.GaugeValue, float64(s.Lag), s.Table, strconv.Itoa(int(s.Partition)))
 	}
 	for _, t := range w.tasks.status() { // no changelog positions: no broker round trips per scrape
@@ -547,13 +569,11 @@ type StandbyLag struct {
 }
 
 // standbyLags returns the lag of every changelog partition this worker
-// follows, asking the brokers for the highwaters (one ListOffsets each).
-func (w *Worker) standbyLags() []StandbyLag {
-	if w.meta == nil {
-		return nil
-	}
-	a := w.Assignment()
-	var out []StandbyLag
+// follows under a, with the highwaters from hw (asked of the brokers by the
+// scrape; cached by the status page). A partition whose highwater hw does
+// not know is left out.
+func (w *Worker) standbyLags(a assignor.Assignment, hw highwaterFunc) []StandbyLag {
+	out := []StandbyLag{}
 	for _, t := range w.tables {
 		topic := t.state.Topic()
 		for _, kind := range []struct {
@@ -561,16 +581,12 @@ func (w *Worker) standbyLags() []StandbyLag {
 			warmup bool
 		}{{a.Standbys[topic], false}, {a.Warmups[topic], true}} {
 			for _, p := range kind.ps {
-				hw, err := w.meta.GetOffset(topic, p, sarama.OffsetNewest)
+				c, err := w.copyLagWith(t, p, hw)
 				if err != nil {
 					continue
 				}
-				applied := int64(0)
-				if off, err := t.store.Offset(p); err == nil && off != stores.NoOffset {
-					applied = off + 1
-				}
 				out = append(out, StandbyLag{Table: t.def.Name(), Partition: p, Warmup: kind.warmup,
-					Highwater: hw, Applied: applied, Lag: max(hw-applied, 0)})
+					Highwater: c.highwater, Applied: c.applied, Lag: c.lag()})
 			}
 		}
 	}

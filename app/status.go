@@ -9,13 +9,14 @@ import (
 	"net/http/pprof"
 	"slices"
 	"sort"
+	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/runnel-dev/runnel/assignor"
 )
 
-// web holds the status page: plain HTML and JavaScript, no build step.
+// web holds the status page's template: HTML, a little CSS and a script,
+// no build step (status_page.go).
 //
 //go:embed web/index.html
 var web embed.FS
@@ -43,10 +44,7 @@ func (w *Worker) httpMux() *http.ServeMux {
 		}{viewAssignment(w.Assignment()), w.Tasks()})
 	})
 	mux.HandleFunc("GET /api/status", func(rw http.ResponseWriter, _ *http.Request) { writeJSON(rw, w.Status()) })
-	mux.HandleFunc("GET /{$}", func(rw http.ResponseWriter, r *http.Request) {
-		rw.Header().Set("Content-Type", "text/html; charset=utf-8")
-		http.ServeFileFS(rw, r, web, "web/index.html")
-	})
+	mux.HandleFunc("GET /{$}", w.servePage) // status_page.go
 	if w.cfg.Pprof {
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
@@ -103,9 +101,12 @@ type Status struct {
 	App       string `json:"app"`
 	ProcessID string `json:"process_id"`
 	HTTPAddr  string `json:"http_addr"`
-	Ready     bool   `json:"ready"`
-	// Members are the consumer group's members (DescribeGroups); empty with
-	// MembersError set when the coordinator did not answer.
+	// At is when the status was taken.
+	At    time.Time `json:"at"`
+	Ready bool      `json:"ready"`
+	// Members are the consumer group's members (DescribeGroups, cached:
+	// Broker); empty with MembersError set when the coordinator did not
+	// answer.
 	Members      []Member       `json:"members"`
 	MembersError string         `json:"members_error,omitempty"`
 	Assignment   AssignmentView `json:"assignment"`
@@ -128,6 +129,17 @@ type Status struct {
 	Processed    int64 `json:"processed"`
 	Retried      int64 `json:"retried"`
 	DeadLettered int64 `json:"dead_lettered"`
+	// ProcessedPerSecond, RetriedPerSecond and DeadLetteredPerSecond are
+	// the totals' rates over the last RateWindowMS (about 10 s; 0 in the
+	// worker's first second), from samples the worker takes of its counters
+	// once a second.
+	ProcessedPerSecond    float64 `json:"processed_per_second"`
+	RetriedPerSecond      float64 `json:"retried_per_second"`
+	DeadLetteredPerSecond float64 `json:"dead_lettered_per_second"`
+	RateWindowMS          float64 `json:"rate_window_ms"`
+	// Broker says how old the answers from the brokers are (Members and the
+	// end offsets), which are cached.
+	Broker BrokerAnswers `json:"broker"`
 }
 
 // Member is one member of the consumer group.
@@ -165,32 +177,44 @@ type DeadLetterStatus struct {
 }
 
 // Status returns what the status page shows: the group's members, this
-// worker's assignment, tasks, lags, restores, recent rebalances and dead
-// letters. It asks the brokers for the members and the standbys' highwaters.
+// worker's assignment, tasks, lags, restores, recent rebalances, dead
+// letters, and its totals with their rates. What comes from the brokers (the
+// members, the changelogs' end offsets) is cached: refreshed when older than
+// 1 s, waiting at most 300 ms for the brokers, so that Status answers at once
+// when they are slow; Broker says how old those answers are.
 func (w *Worker) Status() Status {
 	a := w.Assignment()
-	tps := w.tablePartitions() // one ListOffsets per copy, shared with the tasks' changelogs
-	s := Status{App: w.app.id, ProcessID: w.procID, HTTPAddr: w.cfg.HTTPAddr, Ready: w.Ready(),
-		Assignment: viewAssignment(a), Tasks: w.tasksWith(tps), Lag: w.metrics.lags(), StandbyLag: w.standbyLags(),
+	view := w.answers.get(w.heldCopies(a))
+	now := time.Now()
+	hw := view.snap.highwater
+	tps := w.tablePartitions(a, hw)
+	r := w.rates.rates()
+	s := Status{App: w.app.id, ProcessID: w.procID, HTTPAddr: w.cfg.HTTPAddr, At: now.UTC(), Ready: w.Ready(),
+		Assignment: viewAssignment(a), Tasks: w.tasksWith(a, tps, hw), Lag: w.metrics.lags(), StandbyLag: w.standbyLags(a, hw),
 		Processed: w.Processed(), Retried: w.Retried(), DeadLettered: w.DeadLettered(),
-		TablePartitions: tps}
-	if s.StandbyLag == nil {
-		s.StandbyLag = []StandbyLag{}
-	}
-	var err error
-	if s.Members, err = w.members(a); err != nil {
-		s.MembersError = err.Error()
+		ProcessedPerSecond: r.processed, RetriedPerSecond: r.retried, DeadLetteredPerSecond: r.deadLettered,
+		RateWindowMS: ms(r.window), TablePartitions: tps, Broker: answersOf(view, now), Members: []Member{}}
+	switch sn := view.snap; {
+	case sn == nil:
+		s.MembersError = fmt.Sprintf("describe group %s: %s", w.app.id, s.Broker.Error)
+	case sn.membersErr != nil:
+		s.MembersError = sn.membersErr.Error()
+	default:
+		s.Members = membersAt(sn.members, a)
 	}
 	m := w.metrics
 	m.mu.Lock()
 	for k, pr := range m.restores {
+		if !holdsCopy(a, k.table, k.p) {
+			continue // moved away since (forgetRestores drops it at the assignment; this one reported after)
+		}
 		left := max(pr.Target-pr.Position, 0)
 		if pr.Done {
 			left = 0
 		}
 		s.Restores = append(s.Restores, RestoreStatus{Table: w.tableOfChangelog(k.table), Partition: k.p, Records: pr.Records,
 			Position: pr.Position, Target: pr.Target, Remaining: left, Rate: pr.Rate,
-			ElapsedMS: float64(pr.Elapsed.Microseconds()) / 1000, Done: pr.Done})
+			ElapsedMS: ms(pr.Elapsed), Done: pr.Done})
 	}
 	s.Rebalances = slices.Clone(m.history)
 	byAgent := m.dlqByAgent
@@ -211,56 +235,23 @@ func (w *Worker) Status() Status {
 	if s.Rebalances == nil {
 		s.Rebalances = []RebalanceEvent{}
 	}
-	if s.Members == nil {
-		s.Members = []Member{}
-	}
 	return s
 }
 
-// members describes the consumer group (DescribeGroups) and joins each
-// member with its HTTP address from the assignment's URL map.
-func (w *Worker) members(a assignor.Assignment) ([]Member, error) {
-	if w.meta == nil {
-		return nil, fmt.Errorf("describe group %s: worker not running", w.app.id)
-	}
-	w.adminOnce.Do(func() {
-		// Shared with tables_committed.go: built from the metadata client,
-		// never closed (closing it would close the client).
-		w.admin, w.adminErr = sarama.NewClusterAdminFromClient(w.meta)
-	})
-	if w.adminErr != nil {
-		return nil, fmt.Errorf("describe group %s: %w", w.app.id, w.adminErr)
-	}
-	ds, err := w.admin.DescribeConsumerGroups([]string{w.app.id})
-	if err != nil {
-		return nil, fmt.Errorf("describe group %s: %w", w.app.id, err)
-	}
-	var out []Member
-	for _, d := range ds {
-		if d.Err != sarama.ErrNoError {
-			return nil, fmt.Errorf("describe group %s: %w", w.app.id, d.Err)
-		}
-		for id, md := range d.Members {
-			m := Member{MemberID: id, ClientID: md.ClientId, ClientHost: md.ClientHost, Partitions: map[string][]int32{},
-				Self: id == a.MemberID}
-			if as, err := md.GetMemberAssignment(); err == nil && as != nil {
-				for t, ps := range as.Topics {
-					ps = slices.Clone(ps)
-					slices.Sort(ps)
-					m.Partitions[t] = ps
-				}
-			}
-			for t, ps := range m.Partitions {
-				if len(ps) > 0 && a.URLs[t] != nil {
-					m.URL = a.URLs[t][ps[0]]
-				}
-			}
-			out = append(out, m)
+// holdsCopy reports whether a gives this worker a copy of partition p of
+// changelog topic: active, standby, warm-up or pending (partState's roles
+// other than RoleNone).
+func holdsCopy(a assignor.Assignment, topic string, p int32) bool {
+	for _, m := range []map[string][]int32{a.Actives, a.Standbys, a.Warmups, a.Pending} {
+		if slices.Contains(m[topic], p) {
+			return true
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].MemberID < out[j].MemberID })
-	return out, nil
+	return false
 }
+
+// ms is d in milliseconds, to the microsecond.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // listenAddr is the address the HTTP server binds: addr, with localhost
 // when addr names no host (":8080"), so that a worker exposes its API to

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -11,12 +13,16 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/runnel-dev/runnel/app"
+	"github.com/runnel-dev/runnel/internal/embedded"
 	"github.com/runnel-dev/runnel/internal/testbroker"
 	"github.com/runnel-dev/runnel/internal/testtool"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // statusCluster runs two workers of one opsApp (two declarations of the same
@@ -124,9 +130,12 @@ func checkSnake(t *testing.T, path string, v any) {
 // status page at / show on both workers: both members, the partitions split
 // between their tasks, lag 0 on each worker's claims, the other worker's
 // partitions as standbys caught up, the latest rebalance, dead-letter counts
-// that add up to 3 and processed counts that add up to 40. The page itself is
-// loaded in headless Chromium (Debian chromium; .ci/run installs it), its
-// rendered DOM checked and a screenshot kept (go test -artifacts).
+// that add up to 3, processed counts that add up to 40 and processed rates
+// that account for the 40 (checkRates). The page as curl gets it (no script)
+// shows the same, with the other worker's page as a link (curlPage); then it
+// is loaded in headless Chromium (Debian chromium; .ci/run installs it), its
+// DOM after the script's refreshes checked and a screenshot kept (go test
+// -artifacts).
 func TestStatusTwoWorkers(t *testing.T) {
 	id, apps, workers, brokers := statusCluster(t)
 	var ss [2]app.Status
@@ -162,8 +171,10 @@ func TestStatusTwoWorkers(t *testing.T) {
 		}
 		recs = append(recs, kv{fmt.Sprintf("w%d", i%10), v})
 	}
+	sent := time.Now()
 	send(t, brokers, apps[0].words.Name(), recs...)
 	testbroker.WaitLag0(t, brokers, id, apps[0].words.Name())
+	checkRates(t, apps, sent, 40)
 	// Standbys apply a changelog record once its source offset is committed
 	// (lag 0 above): wait for them to catch up.
 	var raws [2]map[string]any
@@ -239,9 +250,8 @@ func TestStatusTwoWorkers(t *testing.T) {
 	if dead != 3 || processed != 40 {
 		t.Errorf("dead letters %d and processed %d over both workers; want 3 and 40", dead, processed)
 	}
-	page := httpGet(t, "http://"+apps[0].addr+"/")
-	if !strings.Contains(page, `fetch("api/status")`) || !strings.Contains(page, "<title>Runnel worker</title>") {
-		t.Errorf("status page does not load api/status: %.300s", page)
+	for i := range apps {
+		curlPage(t, apps[i].addr, apps[1-i].addr, ss[i])
 	}
 	checkSnake(t, "assignment", func() any {
 		var v any
@@ -252,9 +262,104 @@ func TestStatusTwoWorkers(t *testing.T) {
 	chromiumPage(t, apps[1].addr, ss[1])
 }
 
-// chromiumPage loads the status page of addr in headless Chromium and
-// checks that its script rendered s: the dead-letter total, both members
-// with this worker marked, and a running task per partition of the worker.
+// checkRates waits until the workers' rates over their sampled windows
+// account for the n records sent at sent and processed since: the sum over
+// both workers of processed_per_second times rate_window_ms is n once both
+// sampled their counters after the last record, while the window still
+// reaches back before the send (10 s). Each running task that handed out
+// records has a handed rate. Too late to see the whole burst (a machine so
+// loaded that the records took over 9 s), it only checks that some rate was
+// seen.
+func checkRates(t *testing.T, apps [2]*opsApp, sent time.Time, n int) {
+	t.Helper()
+	var last [2]app.Status
+	seen := false
+	for {
+		var inWindow float64
+		for i, o := range apps {
+			last[i], _ = getStatus(t, o.addr)
+			s := last[i]
+			inWindow += s.ProcessedPerSecond * s.RateWindowMS / 1000
+			if s.ProcessedPerSecond < 0 || s.RateWindowMS > 10_500 || (s.ProcessedPerSecond > 0 && s.RateWindowMS <= 0) {
+				t.Fatalf("worker %d: processed %.1f/s over %.0f ms: want a rate >= 0 over a window of at most 10 s", i, s.ProcessedPerSecond, s.RateWindowMS)
+			}
+		}
+		seen = seen || inWindow > 0
+		if math.Round(inWindow) > float64(n) {
+			t.Fatalf("rates account for %.1f records in their windows, more than the %d sent: %+v / %+v", inWindow, n, last[0], last[1])
+		}
+		if math.Round(inWindow) == float64(n) {
+			break
+		}
+		if time.Since(sent) > 9*time.Second {
+			if !seen {
+				t.Fatalf("no processed rate seen within 9 s of sending %d records", n)
+			}
+			t.Logf("the burst left the rate window before both workers sampled it (%v since the send); rates not checked exactly", time.Since(sent))
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i, s := range last {
+		if s.RetriedPerSecond != 0 || s.DeadLetteredPerSecond*s.RateWindowMS/1000 > 3.5 {
+			t.Errorf("worker %d: retried %.2f/s, dead-lettered %.2f/s over %.0f ms: want no retries and at most the 3 dead letters",
+				i, s.RetriedPerSecond, s.DeadLetteredPerSecond, s.RateWindowMS)
+		}
+		for _, tk := range s.Tasks {
+			if tk.State == app.TaskRunning && tk.Handed > 0 && tk.HandedPerSecond <= 0 {
+				t.Errorf("worker %d: task %d handed out %d records in the burst, handed_per_second %v", i, tk.Partition, tk.Handed, tk.HandedPerSecond)
+			}
+		}
+	}
+}
+
+// curlPage checks the status page of addr as curl sees it, without running
+// its script: it was rendered by the worker from s, with the app, every
+// member with this worker's row marked and the other worker's page as a
+// link, a row per task, and the totals.
+func curlPage(t *testing.T, addr, other string, s app.Status) {
+	t.Helper()
+	page := httpGet(t, "http://"+addr+"/")
+	want := []string{
+		"<title>Runnel worker · " + s.App + "</title>",
+		`<h1>Runnel app <span id="app">` + s.App + `</span></h1>`,
+		fmt.Sprintf(`<span id="generation">%d</span>`, s.Assignment.Generation),
+		`<span id="ready" class="ok">ready</span>`,
+		fmt.Sprintf(`<b id="processed">%d</b>`, s.Processed),
+		fmt.Sprintf(`<b id="dead_lettered">%d</b>`, s.DeadLettered),
+		`<tr class="self"><td class="ok">` + s.Assignment.MemberID + ` (this worker)</td>`,
+		`<a href="http://` + other + `/">` + other + `</a>`,
+		`<a href="http://` + addr + `/">` + addr + `</a>`,
+	}
+	for _, m := range s.Members {
+		if !m.Self {
+			want = append(want, "<tr><td>"+m.MemberID+"</td>")
+		}
+	}
+	for _, p := range taskParts(s, app.TaskRunning) {
+		want = append(want, fmt.Sprintf(`<tr><td>%d/%d</td><td class="ok">running</td><td></td>`, p, parts))
+	}
+	for _, p := range taskParts(s, app.TaskStandby) {
+		want = append(want, fmt.Sprintf(`<tr><td>%d/%d</td><td class="ok">standby</td><td class="n">0</td>`, p, parts))
+	}
+	for _, w := range want {
+		if !strings.Contains(page, w) {
+			t.Errorf("GET http://%s/ (no script run) lacks %q", addr, w)
+		}
+	}
+	if strings.Count(page, "(this worker)") != 1 {
+		t.Errorf("GET http://%s/: %d rows marked as this worker, want 1", addr, strings.Count(page, "(this worker)"))
+	}
+	if t.Failed() {
+		t.Logf("page of %s:\n%s", addr, page)
+	}
+}
+
+// chromiumPage loads the status page of addr in headless Chromium for 4 s
+// (virtual time) and checks what it shows: the rendering of s by the worker,
+// swapped in by the page's script at least once (data-refreshes) without a
+// refresh error; the dead-letter total, both members with this worker
+// marked, and a task row per partition of the worker.
 func chromiumPage(t *testing.T, addr string, s app.Status) {
 	t.Helper()
 	bin := testtool.LookPath(t, "chromium", "chromium", "apt-get install chromium")
@@ -275,7 +380,11 @@ func chromiumPage(t *testing.T, addr string, s app.Status) {
 		return string(out)
 	}
 	dom := run("--dump-dom")
+	if n := regexp.MustCompile(`<body data-refreshes="(\d+)">`).FindStringSubmatch(dom); n == nil || n[1] == "0" {
+		t.Errorf("the page's script never replaced the main element (body %v)", n)
+	}
 	want := []string{
+		`<div id="refresh" class="bad"></div>`,
 		fmt.Sprintf(`<b id="dead_lettered">%d</b>`, s.DeadLettered),
 		fmt.Sprintf(`<b id="processed">%d</b>`, s.Processed),
 		s.Assignment.MemberID + " (this worker)",
@@ -304,4 +413,164 @@ func chromiumPage(t *testing.T, addr string, s app.Status) {
 		t.Errorf("screenshot %s: %v (%v)", shot, fi, err)
 	}
 	t.Logf("screenshot: %s", shot)
+}
+
+// timedGet gets url and returns the body and how long the answer took; a
+// client timeout of 20 s turns a page that waits for the stalled broker
+// into a failure instead of a hung test.
+func timedGet(t *testing.T, url string) (string, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	resp, err := (&http.Client{Timeout: 20 * time.Second}).Get(url)
+	if err != nil {
+		t.Fatalf("GET %s after %v: %v", url, time.Since(start), err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	took := time.Since(start)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
+	}
+	return string(b), took
+}
+
+// The status page and /api/status answer within 1 s while the broker takes
+// 6 s for every DescribeGroups and ListOffsets (kfake holds them): they show
+// the answers cached before the stall, their age and the refresh waiting for
+// the broker, and fresh answers once the broker answers again.
+func TestStatusAnswersWhileBrokerStalls(t *testing.T) {
+	if testbroker.Real() {
+		t.Skip("stalls requests through kfake's control functions")
+	}
+	const stall, bound = 6 * time.Second, time.Second
+	b, err := embedded.Start(embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	brokers, c := b.Addrs(), b.Cluster()
+	id := testbroker.Topic(t, "app")
+	o := newOpsApp(t, id)
+	w, err := o.app.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() {
+		releaseOnce.Do(func() { close(release) }) // the refresh under way returns at once
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+
+	base := "http://" + o.addr
+	send(t, brokers, o.words.Name(), kv{"a", "x"}, kv{"b", "y"}, kv{"c", "z"})
+	testbroker.WaitLag0(t, brokers, id, o.words.Name())
+	var before app.Status
+	for deadline := time.Now().Add(testbroker.WaitTimeout); ; {
+		resp, err := http.Get(base + "/api/status")
+		if err == nil {
+			before = app.Status{}
+			err = json.NewDecoder(resp.Body).Decode(&before)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if before.Ready && len(before.Members) == 1 && len(before.TablePartitions) == parts && before.Broker.Error == "" &&
+				before.Broker.AgeMS < 1000 && endsKnown(before) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker never showed 1 member and every table partition with its end offset: %+v", before)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	var stalled atomic.Int32
+	var stalling atomic.Bool
+	stalling.Store(true)
+	for _, k := range []kmsg.Key{kmsg.DescribeGroups, kmsg.ListOffsets} {
+		c.ControlKey(int16(k), func(kmsg.Request) (kmsg.Response, error, bool) {
+			if stalling.Load() {
+				stalled.Add(1)
+				c.SleepControl(func() {
+					select {
+					case <-release:
+					case <-time.After(stall):
+					}
+				})
+			}
+			return nil, nil, false // kept (not handled); answered normally after the stall
+		})
+	}
+	stallStart := time.Now()
+	time.Sleep(1100 * time.Millisecond) // the cached answers are older than their 1 s freshness: each request asks again
+
+	var slowest time.Duration
+	var during app.Status
+	var page string
+	for i := range 6 { // 6 requests over ~3 s, all within the first 6 s stall
+		var took time.Duration
+		if i%2 == 0 {
+			var body string
+			body, took = timedGet(t, base+"/api/status")
+			during = app.Status{}
+			if err := json.Unmarshal([]byte(body), &during); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			page, took = timedGet(t, base+"/")
+		}
+		t.Logf("request %d during the stall: %v", i, took)
+		slowest = max(slowest, took)
+		time.Sleep(400 * time.Millisecond)
+	}
+	if stalled.Load() == 0 {
+		t.Fatal("no DescribeGroups or ListOffsets reached the broker during the stall: the test stalled nothing")
+	}
+	if slowest >= bound {
+		t.Errorf("the slowest answer during the stall took %v, want under %v", slowest, bound)
+	}
+	// The answers shown are those from before the stall, aged, with the
+	// refresh waiting for the broker.
+	if len(during.Members) != 1 || during.Members[0].MemberID != before.Members[0].MemberID || !endsKnown(during) ||
+		during.Broker.AgeMS < 1000 || during.Broker.RefreshingMS < 500 {
+		t.Errorf("status during the stall: members %+v, broker %+v (stall began %v ago); want the member and end offsets "+
+			"from before, over 1 s old, and a refresh waiting for the broker", during.Members, during.Broker, time.Since(stallStart))
+	}
+	for _, want := range []string{`<div id="broker" class="bad">`, "a refresh has waited", before.Members[0].MemberID + " (this worker)"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page during the stall lacks %q", want)
+		}
+	}
+
+	// The broker answers again: the next requests get fresh answers.
+	stalling.Store(false)
+	releaseOnce.Do(func() { close(release) })
+	for deadline := time.Now().Add(testbroker.WaitTimeout); ; {
+		s, _ := getStatus(t, o.addr)
+		if s.Broker.AgeMS < 1000 && s.Broker.RefreshingMS == 0 && s.Broker.Error == "" && len(s.Members) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("answers never fresh again after the stall: %+v", s.Broker)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// endsKnown reports whether every table partition of s has its end offset.
+func endsKnown(s app.Status) bool {
+	for _, tp := range s.TablePartitions {
+		if tp.Lag < 0 {
+			return false
+		}
+	}
+	return len(s.TablePartitions) > 0
 }

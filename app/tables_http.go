@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/stores"
@@ -470,6 +469,16 @@ func (c copyLag) lag() int64 { return max(c.highwater-c.applied, 0) }
 // the broker for the changelog's highwater (one ListOffsets): read in that
 // order, a store that advances meanwhile only makes the lag an overestimate.
 func (w *Worker) copyLagOf(t *tableRuntime, p int32) (copyLag, error) {
+	return w.copyLagWith(t, p, w.liveHighwater)
+}
+
+// highwaterFunc returns the end offset of partition p of changelog topic:
+// asked of the broker now (Worker.liveHighwater) or the status page's cached
+// answer (brokerSnapshot.highwater).
+type highwaterFunc func(topic string, p int32) (int64, error)
+
+// copyLagWith is copyLagOf with the highwater from hw.
+func (w *Worker) copyLagWith(t *tableRuntime, p int32, hw highwaterFunc) (copyLag, error) {
 	var c copyLag
 	off, err := t.store.Offset(p)
 	if err != nil {
@@ -478,10 +487,7 @@ func (w *Worker) copyLagOf(t *tableRuntime, p int32) (copyLag, error) {
 	if off != stores.NoOffset {
 		c.applied = off + 1
 	}
-	if w.meta == nil {
-		return c, fmt.Errorf("table %s[%d]: worker not running", t.def.Name(), p)
-	}
-	if c.highwater, err = w.meta.GetOffset(t.state.Topic(), p, sarama.OffsetNewest); err != nil {
+	if c.highwater, err = hw(t.state.Topic(), p); err != nil {
 		return c, fmt.Errorf("table %s[%d]: highwater: %w", t.def.Name(), p, err)
 	}
 	return c, nil
@@ -498,14 +504,21 @@ func (w *Worker) restoreProgress(t *tableRuntime, p int32, c copyLag) *RestorePr
 		}
 	}
 	rp := &RestoreProgress{RestoredOffset: c.applied, EndOffset: c.highwater, Remaining: c.lag()}
+	rp.Rate, rp.ETAMS = w.restoreRate(t, p, rp.Remaining)
+	return rp
+}
+
+// restoreRate is the rate of partition p's restore here, from its latest
+// progress report, and the ETA of remaining offsets at that rate in
+// milliseconds; zeros when no restore of p runs.
+func (w *Worker) restoreRate(t *tableRuntime, p int32, remaining int64) (rate, etaMS float64) {
 	w.metrics.mu.Lock()
 	pr, ok := w.metrics.restores[restoreKey{t.state.Topic(), p}]
 	w.metrics.mu.Unlock()
-	if ok && !pr.Done && pr.Rate > 0 {
-		rp.Rate = pr.Rate
-		rp.ETAMS = float64(rp.Remaining) / pr.Rate * 1000
+	if !ok || pr.Done || pr.Rate <= 0 {
+		return 0, 0
 	}
-	return rp
+	return pr.Rate, float64(remaining) / pr.Rate * 1000
 }
 
 // retryAfterRestore is the Retry-After of a query refused while a restore
@@ -576,14 +589,13 @@ type TablePartitionStatus struct {
 }
 
 // tablePartitions lists every table partition this worker is active for,
-// restores, follows or waits for, sorted by table and partition; it asks the
-// brokers for each changelog highwater.
-func (w *Worker) tablePartitions() []TablePartitionStatus {
-	a := w.Assignment()
+// restores, follows or waits for under a, sorted by table and partition,
+// with each changelog highwater from hw.
+func (w *Worker) tablePartitions(a assignor.Assignment, hw highwaterFunc) []TablePartitionStatus {
 	out := []TablePartitionStatus{}
 	for _, t := range w.tables {
 		for p := int32(0); p < t.parts; p++ {
-			if s, ok := w.tablePartition(t, a, p); ok {
+			if s, ok := w.tablePartition(t, a, p, hw); ok {
 				out = append(out, s)
 			}
 		}
@@ -591,10 +603,10 @@ func (w *Worker) tablePartitions() []TablePartitionStatus {
 	return out
 }
 
-// tablePartition is the status of partition p of t under assignment a (one
-// ListOffsets for the changelog's highwater); false when this worker holds
-// no copy of it (RoleNone).
-func (w *Worker) tablePartition(t *tableRuntime, a assignor.Assignment, p int32) (TablePartitionStatus, bool) {
+// tablePartition is the status of partition p of t under assignment a, with
+// the changelog's highwater from hw; false when this worker holds no copy of
+// it (RoleNone).
+func (w *Worker) tablePartition(t *tableRuntime, a assignor.Assignment, p int32, hw highwaterFunc) (TablePartitionStatus, bool) {
 	st := w.partState(t, a, p)
 	if st.role == RoleNone {
 		return TablePartitionStatus{}, false
@@ -603,12 +615,10 @@ func (w *Worker) tablePartition(t *tableRuntime, a assignor.Assignment, p int32)
 	if st.restoreErr != nil {
 		s.Error = st.restoreErr.Error()
 	}
-	if c, err := w.copyLagOf(t, p); err == nil {
+	if c, err := w.copyLagWith(t, p, hw); err == nil {
 		s.RestoredOffset, s.EndOffset, s.Lag = c.applied, c.highwater, c.lag()
-		if st.role == RoleRestoring {
-			if rp := w.restoreProgress(t, p, c); rp != nil {
-				s.Rate, s.ETAMS = rp.Rate, rp.ETAMS
-			}
+		if st.role == RoleRestoring { // not restoreProgress: it asks the broker again when c is zero
+			s.Rate, s.ETAMS = w.restoreRate(t, p, c.lag())
 		}
 	}
 	return s, true

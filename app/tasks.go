@@ -81,6 +81,9 @@ type TaskStatus struct {
 	// Handed is how many records the task's sources handed out to its
 	// agents since the task started.
 	Handed int64 `json:"handed"`
+	// HandedPerSecond is the rate of Handed over the last ~10 s, from the
+	// worker's samples of its counters taken once a second.
+	HandedPerSecond float64 `json:"handed_per_second"`
 	// CacheEntries and CacheBytes are the size of the task's write caches
 	// (the current cycle's writes, summed over its tables; bytes as
 	// Config.CacheBytes counts them: keys, values and 64 per entry).
@@ -436,6 +439,17 @@ func (ts *taskSet) status() []TaskStatus {
 				st.Waiting = c.waitingFor()
 			}
 		}
+	}
+	return out
+}
+
+// handedByTask returns the records each running task's sources handed out
+// (the rate sampler's per-task counts; status_rates.go).
+func (ts *taskSet) handedByTask() map[taskKey]int64 {
+	trs := ts.all()
+	out := make(map[taskKey]int64, len(trs))
+	for _, tr := range trs { // Handed takes the sources' locks, not taskSet.mu
+		out[tr.key] = tr.t.Handed()
 	}
 	return out
 }

@@ -86,6 +86,9 @@ type Worker struct {
 	adminOnce sync.Once // builds admin (tables_committed.go)
 	admin     sarama.ClusterAdmin
 	adminErr  error
+
+	answers brokerAnswers // the status page's cached broker answers (status_broker.go)
+	rates   rateSampler   // the status page's rates (status_rates.go)
 }
 
 type tableRuntime struct {
@@ -118,6 +121,7 @@ func (a *App) NewWorker(o WorkerOptions) (*Worker, error) {
 	cfg.CommitInterval = cfg.commitInterval() // 0: the guarantee's default
 	w := &Worker{app: a, cfg: cfg, opts: o, graph: g, sec: sec}
 	w.tasks.w = w
+	w.answers.ask = w.askBrokers
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
@@ -154,16 +158,18 @@ func processID(dir string) (string, error) {
 //
 // A restoring or standby task lists its table partitions' positions against
 // their changelogs (TaskStatus.Changelogs; one ListOffsets per partition).
-func (w *Worker) Tasks() []TaskStatus { return w.tasksWith(nil) }
+func (w *Worker) Tasks() []TaskStatus { return w.tasksWith(w.Assignment(), nil, w.liveHighwater) }
 
-// tasksWith is Tasks taking the positions of the table partitions in known
-// (tablePartitions, when the caller asked for them already) instead of
-// asking the brokers again.
-func (w *Worker) tasksWith(known []TablePartitionStatus) []TaskStatus {
+// tasksWith is Tasks under assignment a, taking the positions of the table
+// partitions in known (tablePartitions, when the caller has them already)
+// and the highwaters of the others from hw. Each task has its rate of
+// records handed out over the sampled window.
+func (w *Worker) tasksWith(a assignor.Assignment, known []TablePartitionStatus, hw highwaterFunc) []TaskStatus {
 	out := w.tasks.status()
-	a := w.Assignment()
+	handed := w.rates.rates().handed
 	for i := range out {
 		ts := &out[i]
+		ts.HandedPerSecond = handed[taskKey{ts.Partitions, ts.Partition}]
 		if ts.State != TaskRestoring && ts.State != TaskStandby {
 			continue
 		}
@@ -174,7 +180,7 @@ func (w *Worker) tasksWith(known []TablePartitionStatus) []TaskStatus {
 				continue
 			}
 			if t := w.tableByName(name); t != nil {
-				if s, ok := w.tablePartition(t, a, ts.Partition); ok {
+				if s, ok := w.tablePartition(t, a, ts.Partition, hw); ok {
 					ts.Changelogs = append(ts.Changelogs, s)
 				}
 			}
@@ -417,8 +423,13 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("restore client: %w", err)
 	}
+	// The status page's broker refreshes (status_broker.go) use offClient:
+	// they are joined after it closed (closers run in reverse order), which
+	// ends a request still waiting for a broker.
+	closers = append(closers, func() error { w.answers.setOpen(false); return nil })
 	closers = append(closers, offClient.Close)
 	w.meta = offClient
+	w.answers.setOpen(true)
 	rc := *sc
 	rc.Consumer.MaxWaitTime = min(sc.Consumer.MaxWaitTime, 100*time.Millisecond)
 	rc.Consumer.Fetch.Default = 4 << 20 // changelog records are small and many
@@ -439,6 +450,10 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	plogDone := make(chan struct{})
 	go func() { defer close(plogDone); plog.Run(plogCtx) }()
 	closers = append(closers, func() error { stopPlog(); <-plogDone; return nil })
+	rateCtx, stopRates := context.WithCancel(ctx)
+	ratesDone := make(chan struct{})
+	go func() { defer close(ratesDone); w.sampleRates(rateCtx) }()
+	closers = append(closers, func() error { stopRates(); <-ratesDone; return nil })
 	restoreMetrics := w.metrics.restoreProgress(w.tableOfChangelog)
 	w.restorer = &changelog.Restorer{Client: offClient, Consumer: consumer, Logger: w.log, ProgressInterval: time.Second,
 		OnProgress: func(pr changelog.Progress) {
@@ -707,6 +722,11 @@ func (w *Worker) onAssignment(a assignor.Assignment) {
 		w.txn.assigned(a.Generation)
 	}
 	w.metrics.assigned(a)
+	// The restores of partitions that left this worker leave the status
+	// page and the restore gauges; the page's broker answers are asked for
+	// the copies of the new assignment at once.
+	w.metrics.forgetRestores(func(topic string, p int32) bool { return holdsCopy(a, topic, p) }, w.tableOfChangelog)
+	w.answers.prefetch(w.heldCopies(a))
 	w.log.Info("assignment", "generation", a.Generation, "leader", a.Leader,
 		"actives", topicParts(a.Actives), "standbys", topicParts(a.Standbys), "warmups", topicParts(a.Warmups), "pending", topicParts(a.Pending))
 }
