@@ -93,6 +93,11 @@ func systems() []*system {
 			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go"},
 		{name: "sarama", peer: "sarama", bin: "sarama-peer", workloads: []string{"stateless", "stateful"},
 			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", createChangelog: true},
+		// The raw loop writing every new count at once (no write cache), as
+		// it did before the write cache and as Goka does: one changelog
+		// record per input record.
+		{name: "sarama-wt", peer: "sarama", bin: "sarama-peer", env: []string{"BENCH_SARAMA_WRITE_THROUGH=1"}, workloads: []string{"stateful"},
+			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", createChangelog: true, optIn: true},
 		{name: "sarama-safe", peer: "sarama", bin: "sarama-peer", env: []string{"BENCH_SARAMA_SAFE=1"}, workloads: []string{"stateless", "stateful"},
 			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", createChangelog: true, optIn: true},
 		{name: "goka", peer: "goka", bin: "goka-peer", workloads: stateful,
