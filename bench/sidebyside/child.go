@@ -114,6 +114,37 @@ func (c *child) usage() usage {
 	return usage{cpu: tv(ru.Utime) + tv(ru.Stime), rssMB: float64(c.hwmKB.Load()) / 1024}
 }
 
+// snapshot is the usage of the running child so far: CPU from
+// /proc/<pid>/stat (utime + stime of every thread, in clock ticks of
+// 1/100 s, Linux's USER_HZ), peak RSS from the sampled VmHWM. Zero CPU
+// when /proc cannot be read.
+func (c *child) snapshot() usage {
+	u := usage{rssMB: float64(c.hwmKB.Load()) / 1024}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid))
+	if err != nil {
+		return u
+	}
+	// The fields after the command name (in parentheses, which may hold
+	// spaces): state is field 3, utime 14 and stime 15.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return u
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return u
+	}
+	var ut, st int64
+	if _, err := fmt.Sscan(f[11], &ut); err != nil {
+		return u
+	}
+	if _, err := fmt.Sscan(f[12], &st); err != nil {
+		return u
+	}
+	u.cpu = float64(ut+st) / 100
+	return u
+}
+
 // sampleHWM reads VmHWM (the peak RSS of the process's own address space)
 // from /proc every 100 ms until the process exits; the last reading is the
 // peak up to then, so a peak in the last 100 ms can be missed.

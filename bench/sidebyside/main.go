@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -28,21 +29,24 @@ import (
 
 // config is the harness's command line.
 type config struct {
-	quick      bool
-	broker     string // kfake or kafka
-	bootstrap  string // an already running Kafka (with -broker kafka)
-	kafkaPort  int    // where scripts/kafka starts it
-	workloads  []string
-	rounds     int
-	records    int
-	keys       int
-	partitions int
-	commit     time.Duration
-	timeout    time.Duration
-	results    string // directory for results.json, profiles and logs
-	doc        string // markdown file to update ("" = none)
-	section    string // which generated section of doc (default: the broker)
-	profile    bool
+	quick     bool
+	broker    string // kfake or kafka
+	bootstrap string // an already running Kafka (with -broker kafka)
+	kafkaPort int    // where scripts/kafka starts it
+	workloads []string
+	rounds    int
+	records   int
+	keys      int
+	// distinctKeys is the key space of the distinct-key dataset (0: as
+	// many keys as records).
+	distinctKeys int
+	partitions   int
+	commit       time.Duration
+	timeout      time.Duration
+	results      string // directory for results.json, profiles and logs
+	doc          string // markdown file to update ("" = none)
+	section      string // which generated section of doc (default: the broker)
+	profile      bool
 	// profileSystem is the system profiled (default runnel; the Sarama
 	// loops write CPU profiles too, to compare where the time goes).
 	profileSystem string
@@ -54,9 +58,12 @@ type harness struct {
 	root    string // repository root
 	binDir  string
 	workDir string
-	data    *dataset
-	shared  *broker // real Kafka; nil with kfake (a fresh broker per run)
-	seq     int
+	data    *dataset // the input of every workload but the distinct-key ones
+	// distinct is the input of the distinct-key workloads (stateful-distinct,
+	// restore-distinct); nil when none is selected.
+	distinct *dataset
+	shared   *broker // real Kafka; nil with kfake (a fresh broker per run)
+	seq      int
 }
 
 func (h *harness) logf(format string, args ...any) {
@@ -90,6 +97,7 @@ func realMain() error {
 	flag.IntVar(&cfg.rounds, "rounds", 3, "interleaved rounds")
 	flag.IntVar(&cfg.records, "records", 500_000, "input records")
 	flag.IntVar(&cfg.keys, "keys", 10_000, "distinct 16-byte keys")
+	flag.IntVar(&cfg.distinctKeys, "distinct-keys", 0, "key space of the distinct-key workloads, keys drawn with replacement (0: as many as -records, which gives ~63% as many distinct keys as records)")
 	flag.IntVar(&cfg.partitions, "partitions", 8, "partitions of the input (and every derived) topic")
 	flag.DurationVar(&cfg.commit, "commit-interval", 2800*time.Millisecond, "commit interval of every system (Runnel's default)")
 	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Minute, "a run that is not done in this time fails")
@@ -161,6 +169,9 @@ func realMain() error {
 			rounds = max(rounds, r.Round)
 		}
 		h.cfg.rounds = rounds
+		if slices.ContainsFunc(cfg.workloads, isDistinct) {
+			h.distinct = newDataset(cfg.records, cfg.distinctKeySpace(), cfg.partitions) // for its key count
+		}
 		rep := newReport(h, sel, results, nil, 0)
 		fmt.Print(rep.table())
 		if cfg.doc != "" {
@@ -173,6 +184,10 @@ func realMain() error {
 		return err
 	}
 	h.data = newDataset(cfg.records, cfg.keys, cfg.partitions)
+	if slices.ContainsFunc(cfg.workloads, isDistinct) {
+		h.distinct = newDataset(cfg.records, cfg.distinctKeySpace(), cfg.partitions)
+		h.logf("distinct-key input: %d records, %d distinct keys (from a space of %d)", cfg.records, len(h.distinct.counts), cfg.distinctKeySpace())
+	}
 	if cfg.broker == "kafka" {
 		stop, err := h.startKafka()
 		if err != nil {
@@ -186,7 +201,7 @@ func realMain() error {
 		// Interleaved: each round runs every system once per workload, the
 		// order rotated by one system per round so none always goes first.
 		for _, wl := range cfg.workloads {
-			if wl == "restore" && contains(cfg.workloads, "stateful") {
+			if stateful := statefulOf(wl); stateful != "" && contains(cfg.workloads, stateful) {
 				continue // measured inside the stateful run
 			}
 			for i := range sel {
@@ -243,15 +258,16 @@ func (h *harness) runWorkload(s *system, wl string, round int, profile []string)
 	switch wl {
 	case "stateless":
 		return []result{h.runStateless(s, round, profile)}
-	case "stateful":
-		withRestore := contains(h.cfg.workloads, "restore") && s.runs("restore") && profile == nil
-		st, rs := h.runStateful(s, round, withRestore, profile)
+	case "stateful", "stateful-distinct":
+		rwl := restoreOf[wl]
+		withRestore := contains(h.cfg.workloads, rwl) && s.runs(rwl) && profile == nil
+		st, rs := h.runStateful(s, wl, round, withRestore, profile)
 		if withRestore {
 			return []result{st, rs}
 		}
 		return []result{st}
-	case "restore":
-		_, rs := h.runStateful(s, round, true, nil)
+	case "restore", "restore-distinct":
+		_, rs := h.runStateful(s, statefulOf(wl), round, true, nil)
 		return []result{rs}
 	case "handover":
 		return []result{h.runTakeover(s, wl, syscall.SIGTERM, round)}
@@ -328,6 +344,36 @@ func selectSystems(names, broker string) ([]*system, error) {
 		return nil, fmt.Errorf("-systems: runnel must come first (ratios are against it)")
 	}
 	return out, nil
+}
+
+// distinctKeySpace is the key space of the distinct-key dataset.
+func (c config) distinctKeySpace() int {
+	if c.distinctKeys > 0 {
+		return c.distinctKeys
+	}
+	return c.records
+}
+
+// isDistinct reports whether wl is a distinct-key workload.
+func isDistinct(wl string) bool { return strings.HasSuffix(wl, distinctSuffix) }
+
+// statefulOf names the stateful workload a restore workload is measured in
+// ("" for a workload that is no restore).
+func statefulOf(wl string) string {
+	for st, rs := range restoreOf {
+		if rs == wl {
+			return st
+		}
+	}
+	return ""
+}
+
+// dataFor is the input of workload wl.
+func (h *harness) dataFor(wl string) *dataset {
+	if isDistinct(wl) {
+		return h.distinct
+	}
+	return h.data
 }
 
 func contains(xs []string, x string) bool {

@@ -25,7 +25,7 @@ type result struct {
 	CPU      float64 `json:"cpu_s,omitempty"`          // user+system of the worker(s)
 	RSSMB    float64 `json:"rss_mb,omitempty"`         // peak RSS of the worker (the largest of them)
 	Records  int64   `json:"records,omitempty"`        // restore: changelog records present (after compaction)
-	Span     int64   `json:"span,omitempty"`           // restore: changelog offsets (records written)
+	Span     int64   `json:"span,omitempty"`           // stateful, restore: changelog offsets (records written)
 	Doubles  int64   `json:"doubles"`                  // handover, kill: records counted more than once
 	WarmupS  float64 `json:"warmup_s,omitempty"`       // scaleout (Runnel): from the newcomer's start to its last warm-up caught up
 	// Phases: handover and kill (Runnel), seconds after the signal of each
@@ -49,14 +49,16 @@ type run struct {
 	id     string // app id / consumer group
 	input  string
 	output string
-	dir    string // data dirs and logs
+	dir    string   // data dirs and logs
+	data   *dataset // the run's input (loaded into input by newRun)
 }
 
 func (h *harness) newRun(s *system, workload string, round int) (*run, error) {
 	h.seq++
 	prefix := fmt.Sprintf("sbs%d-%s-%s-", h.seq, s.name, workload)
 	r := &run{h: h, s: s, prefix: prefix, id: prefix + "app", input: prefix + "in", output: prefix + "out",
-		dir: filepath.Join(h.workDir, fmt.Sprintf("%03d-%s-%s-r%d", h.seq, s.name, workload, round))}
+		dir:  filepath.Join(h.workDir, fmt.Sprintf("%03d-%s-%s-r%d", h.seq, s.name, workload, round)),
+		data: h.dataFor(workload)}
 	if h.shared != nil {
 		r.b = h.shared
 	} else {
@@ -70,7 +72,7 @@ func (h *harness) newRun(s *system, workload string, round int) (*run, error) {
 		r.close()
 		return nil, err
 	}
-	if err := r.h.data.load(context.Background(), r.b.addrs, r.input); err != nil {
+	if err := r.data.load(context.Background(), r.b.addrs, r.input); err != nil {
 		r.close()
 		return nil, err
 	}
@@ -135,7 +137,7 @@ func (h *harness) runStateless(s *system, round int, profile []string) result {
 	if err := r.b.createTopic(r.output, h.cfg.partitions); err != nil {
 		return res.fail(err)
 	}
-	w, err := watch(r.b.addrs, r.output, true, s.eos, nil, nil, h.data.counts)
+	w, err := watch(r.b.addrs, r.output, true, s.eos, nil, nil, r.data.counts)
 	if err != nil {
 		return res.fail(err)
 	}
@@ -166,20 +168,25 @@ func (r *run) single(w *watcher, workload string, res result, profile []string) 
 	res.Seconds = st.complete.Sub(c.start).Seconds()
 	res.FirstOut = st.first.Sub(c.start).Seconds()
 	if span := st.complete.Sub(st.first).Seconds(); span > 0 {
-		res.Rate = float64(r.h.data.n) / span // steady state: startup and group join left out
+		res.Rate = float64(r.data.n) / span // steady state: startup and group join left out
 	}
 	return res
 }
 
-// runStateful: count per key into the system's changelog-backed table; the
-// time is from the worker's start to the changelog holding every key's
-// count. With restore, a fresh worker (empty data dir) then restores the
-// table and must apply one probe record per partition on top of it: the
-// restore time is from its start to those probes' counts in the changelog.
-func (h *harness) runStateful(s *system, round int, restore bool, profile []string) (result, result) {
-	res := result{System: s.name, Workload: "stateful", Round: round}
-	rres := result{System: s.name, Workload: "restore", Round: round}
-	r, err := h.newRun(s, "stateful", round)
+// runStateful runs workload wl (stateful or stateful-distinct): count per
+// key into the system's changelog-backed table; the time is from the
+// worker's start to the changelog holding every key's count. With restore
+// (the workload restoreOf[wl]), a fresh worker (empty data dir) then
+// restores the table and must apply one probe record per partition on top
+// of it: the restore time is from its start to those probes' counts in the
+// changelog, and its start-up (FirstOut) from its start until it holds every
+// input partition in the group. Untimed, one more record per key of the
+// table then checks the restore of every key: each must reach its count + 1
+// (+ 2 for the probe keys), none above.
+func (h *harness) runStateful(s *system, wl string, round int, restore bool, profile []string) (result, result) {
+	res := result{System: s.name, Workload: wl, Round: round}
+	rres := result{System: s.name, Workload: restoreOf[wl], Round: round}
+	r, err := h.newRun(s, wl, round)
 	if err != nil {
 		return res.fail(err), rres.fail(err)
 	}
@@ -195,42 +202,37 @@ func (h *harness) runStateful(s *system, round int, restore bool, profile []stri
 	}
 	defer w.Close()
 	res = r.single(w, "stateful", res, profile)
-	if !restore {
-		return res, rres
-	}
 	if res.Failure != "" {
 		return res, rres.fail(fmt.Errorf("the stateful run before it failed"))
 	}
-	if rres.Records, err = r.b.countRecords(s.changelog(r.id)); err != nil {
-		return res, rres.fail(err)
+	// What the run wrote to its changelog: one record per input record
+	// without a write cache, fewer the more keys repeat within a flush.
+	if res.Span, err = r.b.topicSize(s.changelog(r.id)); err != nil {
+		return res.fail(err), rres.fail(err)
 	}
-	if rres.Span, err = r.b.topicSize(s.changelog(r.id)); err != nil {
+	if !restore {
+		return res, rres
+	}
+	rres.Span = res.Span
+	if rres.Records, err = r.b.countRecords(s.changelog(r.id)); err != nil {
 		return res, rres.fail(err)
 	}
 	// One probe per partition with a key of the table: its count must go
 	// from the restored value to one more.
 	var probes []*kgo.Record
 	for p := range h.cfg.partitions {
-		for i, k := range h.data.keys {
-			if int(h.data.keyPart[i]) == p {
+		for i, k := range r.data.keys {
+			if int(r.data.keyPart[i]) == p && r.data.counts[k] > 0 {
 				probes = append(probes, &kgo.Record{Topic: r.input, Partition: int32(p), Key: []byte(k), Value: []byte("probe")})
 				w.addExpect(k)
 				break
 			}
 		}
 	}
-	pr, err := newProducer(r.b.addrs)
-	if err != nil {
+	if err := r.produce(probes); err != nil {
 		return res, rres.fail(err)
 	}
-	err = pr.produce(context.Background(), func(yield func(*kgo.Record) bool) {
-		for _, p := range probes {
-			if !yield(p) {
-				return
-			}
-		}
-	})
-	pr.Close()
+	before, err := r.b.memberPartitions(r.id, r.input)
 	if err != nil {
 		return res, rres.fail(err)
 	}
@@ -238,17 +240,103 @@ func (h *harness) runStateful(s *system, round int, restore bool, profile []stri
 	if err != nil {
 		return res, rres.fail(err)
 	}
+	joined := r.watchJoin(c, before)
 	st, err := w.waitFor(h.cfg.timeout, c.exited, complete)
+	done := c.snapshot() // the restore's CPU and RSS, before the untimed check below
+	if err == nil {
+		err = r.checkEveryKey(w, c)
+	}
 	u, stopErr := c.stop(syscall.SIGTERM, 60*time.Second)
-	rres.CPU, rres.RSSMB = u.cpu, u.rssMB
+	rres.CPU, rres.RSSMB = done.cpu, done.rssMB
 	if err != nil {
 		return res, rres.fail(fmt.Errorf("%w (log %s)", err, c.log.Name()))
 	}
 	if stopErr != nil {
 		return res, rres.fail(stopErr)
 	}
+	if done.cpu == 0 { // no /proc: what getrusage says at the end
+		rres.CPU = u.cpu
+	}
+	time.Sleep(settle)
+	if after := w.state(); !complete(after) {
+		return res, rres.fail(fmt.Errorf("after the stop: %d keys below and %d above their expected value (%s)", after.under, after.over, w.sample(3)))
+	}
 	rres.Seconds = st.complete.Sub(c.start).Seconds()
+	if t := <-joined; !t.IsZero() && t.Before(st.complete) {
+		rres.FirstOut = t.Sub(c.start).Seconds()
+	}
 	return res, rres
+}
+
+// produce writes recs (with their partitions set) and waits for the acks.
+func (r *run) produce(recs []*kgo.Record) error {
+	pr, err := newProducer(r.b.addrs)
+	if err != nil {
+		return err
+	}
+	defer pr.Close()
+	return pr.produce(context.Background(), func(yield func(*kgo.Record) bool) {
+		for _, rec := range recs {
+			if !yield(rec) {
+				return
+			}
+		}
+	})
+}
+
+// watchJoin polls the group every 20 ms from c's start until members not in
+// before hold every input partition, and sends when that was first seen
+// (zero if never, by the time c exits) on the returned channel.
+func (r *run) watchJoin(c *child, before map[string][]int32) <-chan time.Time {
+	out := make(chan time.Time, 1)
+	go func() {
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			now := time.Now()
+			if m, err := r.b.memberPartitions(r.id, r.input); err == nil {
+				held := 0
+				for id, ps := range m {
+					if _, old := before[id]; !old {
+						held += len(ps)
+					}
+				}
+				if held >= r.h.cfg.partitions {
+					out <- now
+					return
+				}
+			}
+			select {
+			case <-c.exited:
+				out <- time.Time{}
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return out
+}
+
+// checkEveryKey verifies a restore on every key: one record goes to each key
+// of the table, and each key's changelog value must then be its expected
+// count + 1 (a key restored wrongly or not at all ends elsewhere).
+func (r *run) checkEveryKey(w *watcher, c *child) error {
+	keys := make([]string, 0, len(r.data.counts))
+	recs := make([]*kgo.Record, 0, len(r.data.counts))
+	for i, k := range r.data.keys {
+		if r.data.counts[k] > 0 {
+			keys = append(keys, k)
+			recs = append(recs, &kgo.Record{Topic: r.input, Partition: r.data.keyPart[i], Key: []byte(k), Value: []byte("check")})
+		}
+	}
+	w.addExpectAll(keys)
+	if err := r.produce(recs); err != nil {
+		return fmt.Errorf("restore check of every key: %w", err)
+	}
+	if _, err := w.waitFor(r.h.cfg.timeout, c.exited, complete); err != nil {
+		return fmt.Errorf("restore check of every key (%d keys, one record each): %w", len(keys), err)
+	}
+	return nil
 }
 
 // takeoverResolution: after worker 1 exited, changelog records that arrive

@@ -12,8 +12,12 @@
 //   - stateless: BENCH_INPUT to BENCH_OUTPUT with the value upper-cased, on
 //     the input record's partition;
 //   - stateful: a count per key kept in memory only (no store, no restore),
-//     each new count produced to <BENCH_ID>-counts-changelog as a decimal
-//     (the harness creates that topic).
+//     written to <BENCH_ID>-counts-changelog as a decimal (the harness
+//     creates that topic) through a write cache: one record per dirty key per
+//     flush, like Runnel's commit cycles and Kafka Streams' record cache
+//     (writeCache has the flush rules). BENCH_SARAMA_WRITE_THROUGH=1 writes
+//     every new count instead, one record per input record, as Goka does (the
+//     harness's opt-in sarama-wt).
 package main
 
 import (
@@ -116,7 +120,9 @@ func run() error {
 			}
 		}
 	}()
-	h := &handler{producer: producer, out: out, stateful: workload == "stateful", counts: map[int32]map[string]int64{}}
+	h := &handler{producer: producer, out: out, stateful: workload == "stateful", counts: map[int32]map[string]int64{},
+		writeThrough: os.Getenv("BENCH_SARAMA_WRITE_THROUGH") != "",
+		commit:       time.Duration(commitMS) * time.Millisecond}
 	var runErr error
 	for ctx.Err() == nil {
 		if err := group.Consume(ctx, []string{env("BENCH_INPUT", "input")}, h); err != nil && !errors.Is(err, sarama.ErrClosedConsumerGroup) {
@@ -148,8 +154,12 @@ type handler struct {
 	producer sarama.AsyncProducer
 	out      string
 	stateful bool
-	mu       sync.Mutex
-	counts   map[int32]map[string]int64
+	// writeThrough: stateful writes every new count at once (no write
+	// cache).
+	writeThrough bool
+	commit       time.Duration // the commit interval: the write cache flushes at least this often
+	mu           sync.Mutex
+	counts       map[int32]map[string]int64
 }
 
 func (h *handler) Setup(sarama.ConsumerGroupSession) error   { return nil }
@@ -163,6 +173,9 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 		h.counts[claim.Partition()] = counts
 	}
 	h.mu.Unlock()
+	if h.stateful && !h.writeThrough {
+		return h.consumeCached(sess, claim, counts)
+	}
 	for m := range claim.Messages() {
 		var v []byte
 		if h.stateful {
@@ -177,4 +190,85 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 		sess.MarkMessage(m, "")
 	}
 	return nil
+}
+
+// Write-cache flush rules of the stateful loop, Runnel's commit-cycle
+// triggers (app/cycleclock.go) with its defaults, so that both write the
+// same number of changelog records for the same input:
+//   - firstFlush after a claim's first record (Runnel's first-record check,
+//     every 10 ms until a task's first cycle);
+//   - every commit interval;
+//   - idle: at a check every commit interval / 10 (20–200 ms), when records
+//     came since the last flush and none since the previous check (the
+//     partition is caught up);
+//   - full: when the cache holds cacheBytes (Runnel's table.DefaultCacheBytes,
+//     4 MiB per table partition, each entry counted as its key, its value
+//     and 64 bytes as Runnel counts it);
+//   - the end of the claim (a rebalance or the stop).
+const (
+	firstFlush = 10 * time.Millisecond
+	cacheBytes = 4 << 20
+)
+
+// consumeCached is the stateful loop with a write cache: counts change in
+// memory, and each flush writes one record per key changed since the last
+// flush (its latest count), then marks the offset of the last record it
+// covers. counts and the cache are owned by this claim's goroutine.
+func (h *handler) consumeCached(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim, counts map[string]int64) error {
+	idleEvery := min(max(h.commit/10, 20*time.Millisecond), 200*time.Millisecond)
+	tick, idle := time.NewTicker(h.commit), time.NewTicker(idleEvery)
+	defer tick.Stop()
+	defer idle.Stop()
+	dirty := map[string]struct{}{}
+	bytes := 0
+	var last *sarama.ConsumerMessage // the last record counted, not yet marked
+	flush := func() {
+		for k := range dirty {
+			h.producer.Input() <- &sarama.ProducerMessage{Topic: h.out, Partition: claim.Partition(),
+				Key: sarama.StringEncoder(k), Value: sarama.ByteEncoder(strconv.AppendInt(nil, counts[k], 10))}
+		}
+		clear(dirty)
+		bytes = 0
+		if last != nil {
+			sess.MarkMessage(last, "")
+			last = nil
+		}
+	}
+	defer flush()
+	var first <-chan time.Time // armed by the claim's first record
+	started, recent := false, false
+	for {
+		select {
+		case m, ok := <-claim.Messages():
+			if !ok {
+				return nil
+			}
+			k := string(m.Key)
+			counts[k]++
+			if _, ok := dirty[k]; !ok {
+				dirty[k] = struct{}{}
+				bytes += len(k) + 8 + 64
+			}
+			last, recent = m, true
+			if !started {
+				started = true
+				first = time.After(firstFlush)
+			}
+			if bytes >= cacheBytes {
+				flush()
+			}
+		case <-first:
+			first = nil
+			flush()
+		case <-tick.C:
+			flush()
+		case <-idle.C:
+			if !recent && len(dirty) > 0 {
+				flush()
+			}
+			recent = false
+		case <-sess.Context().Done():
+			return nil
+		}
+	}
 }
