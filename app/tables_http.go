@@ -351,7 +351,7 @@ func (q *tableQuery) serve() {
 		}
 		if stale != nil {
 			q.refuse(http.StatusServiceUnavailable, ReasonStaleBeyondBound, retryAfterRestore(q.ans.Restore),
-				fmt.Sprintf("the restoring copy here is %d records behind, more than maxLag=%d", *q.ans.Lag, qp.maxLag))
+				fmt.Sprintf("the restoring copy here is %s behind, more than maxLag=%d", plural(*q.ans.Lag, "record"), qp.maxLag))
 			return
 		}
 		msg := fmt.Sprintf("partition %d of table %s is being restored on this worker", p, q.ans.Table)
@@ -371,7 +371,7 @@ func (q *tableQuery) serve() {
 		q.ans.Owner = ""
 		if stale != nil {
 			q.refuse(http.StatusServiceUnavailable, ReasonStaleBeyondBound, 1,
-				fmt.Sprintf("the %s copy here is %d records behind, more than maxLag=%d, and no owner is known (rebalance under way)", st.role, *q.ans.Lag, qp.maxLag))
+				fmt.Sprintf("the %s copy here is %s behind, more than maxLag=%d, and no owner is known (rebalance under way)", st.role, plural(*q.ans.Lag, "record"), qp.maxLag))
 			return
 		}
 		q.refuse(http.StatusServiceUnavailable, ReasonRebalancing, 1,
@@ -379,7 +379,7 @@ func (q *tableQuery) serve() {
 	case !qp.forward || qp.hops >= MaxHops:
 		if stale != nil {
 			q.refuse(http.StatusServiceUnavailable, ReasonStaleBeyondBound, 1,
-				fmt.Sprintf("the %s copy here is %d records behind, more than maxLag=%d; the active is %s", st.role, *q.ans.Lag, qp.maxLag, q.ans.Owner))
+				fmt.Sprintf("the %s copy here is %s behind, more than maxLag=%d; the active is %s", st.role, plural(*q.ans.Lag, "record"), qp.maxLag, q.ans.Owner))
 			return
 		}
 		why := "forward=0"

@@ -105,7 +105,7 @@ func (p *Plan) String() string {
 	if p.TimeRange() {
 		s += fmt.Sprintf(" for [%s, %s)", p.From.UTC().Format(time.RFC3339), p.To.UTC().Format(time.RFC3339))
 	}
-	s += fmt.Sprintf(": %d offsets\n", p.Records())
+	s += ": " + plural(p.Records(), "offset") + "\n"
 	for _, pp := range p.Partitions {
 		empty := ""
 		if pp.Empty {
@@ -264,4 +264,12 @@ func endOffset(client sarama.Client, topic string, p int32, readCommitted bool) 
 		return blk.Offset, nil
 	}
 	return 0, fmt.Errorf("last stable offset: %w", lastErr)
+}
+
+// plural renders n and noun, with an s unless n is 1: "1 offset", "2 offsets".
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

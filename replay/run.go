@@ -428,7 +428,7 @@ loop:
 		}
 	}
 	if res.Delivered > res.Rejected && calls == 0 {
-		return res, fmt.Errorf("replay %s: effect %q: %d records delivered to agent %s: %w", plan.Topic, target.Effect, res.Delivered, target.Agent.Name(), ErrEffectUnused)
+		return res, fmt.Errorf("replay %s: effect %q: %s delivered to agent %s: %w", plan.Topic, target.Effect, plural(res.Delivered, "record"), target.Agent.Name(), ErrEffectUnused)
 	}
 	return res, nil
 }
