@@ -45,7 +45,13 @@ func (a *App) DeadLetterTopic(agentName string) string {
 
 // dlqSpecs are the dead-letter topics to create: one per agent, one
 // partition each (dead letters are rare; their order across source partitions
-// carries no meaning).
+// carries no meaning), kept without time limit (retention.ms=-1): a dead
+// letter carries its source record's timestamp (a replay puts the record back
+// at its event time), so under a time-based retention the broker deleted the
+// dead letter of an old record at its next retention check, with every
+// younger dead letter before it. An operator who wants them to expire sets
+// retention on the topic (docs/ack-mode.md); a topic that exists is left as
+// it is.
 func (w *Worker) dlqSpecs() []kafka.TopicSpec {
 	seen := map[string]bool{}
 	var specs []kafka.TopicSpec
@@ -53,7 +59,7 @@ func (w *Worker) dlqSpecs() []kafka.TopicSpec {
 		t := w.app.DeadLetterTopic(r.Name())
 		if !seen[t] {
 			seen[t] = true
-			specs = append(specs, kafka.TopicSpec{Name: t, Partitions: 1})
+			specs = append(specs, kafka.TopicSpec{Name: t, Partitions: 1, Config: map[string]string{"retention.ms": "-1"}})
 		}
 	}
 	return specs

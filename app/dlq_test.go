@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/codec"
 	"github.com/runnel-dev/runnel/internal/embedded"
@@ -274,5 +275,54 @@ func testDeadLetteredOnceAcrossOwners(t *testing.T, stateful bool) {
 			offs = append(offs, header(m, HeaderOffset))
 		}
 		t.Fatalf("dead-letter topic holds %d records (source offsets %v), want bad@1 once", len(dlq), offs)
+	}
+}
+
+// A dead letter keeps its source record's timestamp (a replay puts the
+// record back at its event time), so under a time-based retention a dead
+// letter of an old record was deleted as soon as the broker enforced it,
+// together with every younger dead letter before it in the segment (issue
+// #30: `dlq list` showed 0 after a record of a year before was rejected).
+// Dead-letter topics Runnel creates keep their records without time limit
+// (retention.ms=-1, as its repartition topics); the broker's retention
+// pass leaves both dead letters here.
+func TestDeadLetterOfOldRecordOutlivesRetention(t *testing.T) {
+	b, err := embedded.Start(embedded.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	f := newAckFixture(t, b.Addrs())
+	agent.New(f.app, "a", f.in, func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for ev := range s.Events() {
+			if strings.HasPrefix(ev.Value, "bad") {
+				ev.Reject(errors.New("bad value"))
+			}
+		}
+		return s.Err()
+	})
+	f.start()
+	f.waitTopic(f.in.Name())
+	cfg := testbroker.SaramaConfig(t)
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	p, err := sarama.NewSyncProducer(f.brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, m := range []struct {
+		v  string
+		ts time.Time
+	}{{"bad-new", time.Now()}, {"bad-old", time.Now().AddDate(-1, 0, 0)}} {
+		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: f.in.Name(), Partition: 0, Key: sarama.StringEncoder(m.v),
+			Value: sarama.StringEncoder(m.v), Timestamp: m.ts}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dlqTopic := f.app.DeadLetterTopic("a")
+	f.eventually(20*time.Second, "both records dead-lettered", func() bool { return len(f.read(dlqTopic)) == 2 })
+	b.Cluster().ApplyRetention()
+	if got := f.read(dlqTopic); len(got) != 2 {
+		t.Fatalf("after the broker's retention pass the dead-letter topic holds %d records, want both", len(got))
 	}
 }
