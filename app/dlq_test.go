@@ -285,9 +285,9 @@ func testDeadLetteredOnceAcrossOwners(t *testing.T, stateful bool) {
 // #30: `dlq list` showed 0 after a record of a year before was rejected).
 // Dead-letter topics Runnel creates keep their records without time limit
 // (retention.ms=-1, as its repartition topics); the broker's retention
-// pass leaves both dead letters here.
+// pass (Kafka's default of seven days here) leaves both dead letters.
 func TestDeadLetterOfOldRecordOutlivesRetention(t *testing.T) {
-	b, err := embedded.Start(embedded.Options{})
+	b, err := embedded.Start(embedded.Options{Retention: 7 * 24 * time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

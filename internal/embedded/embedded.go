@@ -23,6 +23,13 @@ type Options struct {
 	// CleanerBackoff is how often compaction and retention run; default 1 s
 	// (kfake's own default is 1 h, which makes compaction invisible in tests).
 	CleanerBackoff time.Duration
+	// Retention is the broker's default time retention (log.retention.ms)
+	// for topics that set none; 0 keeps records without time limit. The
+	// embedded broker runs dev mode and tests, whose inputs often carry old
+	// event times (`dev --timestamp-field`): under Kafka's default of seven
+	// days, applied every CleanerBackoff here, such records were deleted
+	// within a second of being sent, before any agent read them.
+	Retention time.Duration
 }
 
 // Broker is a running embedded broker.
@@ -45,12 +52,17 @@ func Start(o Options) (*Broker, error) {
 	if o.CleanerBackoff <= 0 {
 		o.CleanerBackoff = time.Second
 	}
+	retention := int64(-1)
+	if o.Retention > 0 {
+		retention = o.Retention.Milliseconds()
+	}
 	opts := []kfake.Opt{
 		kfake.Ports(o.Ports...),
 		kfake.GroupMinSessionTimeout(100 * time.Millisecond),
 		kfake.DefaultNumPartitions(8),
 		kfake.BrokerConfigs(map[string]string{
 			"log.cleaner.backoff.ms": fmt.Sprint(o.CleanerBackoff.Milliseconds()),
+			"log.retention.ms":       fmt.Sprint(retention),
 		}),
 	}
 	if o.DataDir != "" {
