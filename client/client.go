@@ -277,12 +277,62 @@ type answer struct {
 	Continuation string          `json:"continuation"`
 }
 
+// Position is one entry of a read-your-writes bound: the topic, partition and
+// offset of a source record the caller wrote (the producer's result). A read
+// bound by it shows the record's effect on the table.
+type Position struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+}
+
+// String renders p as the workers read it: "topic:partition:offset".
+func (p Position) String() string {
+	return p.Topic + ":" + strconv.FormatInt(int64(p.Partition), 10) + ":" + strconv.FormatInt(p.Offset, 10)
+}
+
+// QueryOption changes how Query reads a key.
+type QueryOption func(url.Values)
+
+// AtLeast bounds the read by the caller's own writes (read-your-writes,
+// ?position=): the answer shows the effect of every source record named,
+// whose partition is the key's (a record of another partition cannot have
+// written the key). The worker waits for its copy to reach the bound for up
+// to WaitFor (500 ms by default, at most 3 s), else the read fails with a
+// *RetryableError of reason "position-not-reached". A topic that is not one
+// of the app's source topics with the table's partition count is a 400
+// (*Error).
+func AtLeast(ps ...Position) QueryOption {
+	return func(v url.Values) {
+		for _, p := range ps {
+			v.Add("position", p.String())
+		}
+	}
+}
+
+// WaitFor sets how long a read bound by AtLeast may wait for the bound
+// (?wait=; 0 to 3 s, the workers' default 500 ms).
+func WaitFor(d time.Duration) QueryOption {
+	return func(v url.Values) { v.Set("wait", d.String()) }
+}
+
+// MaxLag lets a copy other than the active answer when it is at most n
+// changelog records behind (?consistency=any&maxLag=n): a standby of the
+// worker asked, which then answers without a hop to the active.
+func MaxLag(n int64) QueryOption {
+	return func(v url.Values) {
+		v.Set("consistency", "any")
+		v.Set("maxLag", strconv.FormatInt(n, 10))
+	}
+}
+
 // Query reads key in table. found is false, with a nil error, only when the
 // active (or the copy entitled to say so) answered that the key is absent.
-// Errors: *RetryableError (the key may exist: restoring, rebalancing,
-// not-owner, owner unreachable), *Error (bad request, unknown table), or a
-// transport error wrapped with the URL.
-func (c *Client) Query(ctx context.Context, table, key string) (value json.RawMessage, found bool, err error) {
+// Options bound the read (AtLeast, WaitFor, MaxLag). Errors: *RetryableError
+// (the key may exist: restoring, rebalancing, not-owner, owner unreachable,
+// position-not-reached), *Error (bad request, unknown table), or a transport
+// error wrapped with the URL.
+func (c *Client) Query(ctx context.Context, table, key string, opts ...QueryOption) (value json.RawMessage, found bool, err error) {
 	owner, err := c.Owner(ctx, table, key)
 	if err != nil {
 		return nil, false, err
@@ -291,6 +341,13 @@ func (c *Client) Query(ctx context.Context, table, key string) (value json.RawMe
 		owner = c.any()
 	}
 	path := "/api/tables/" + url.PathEscape(table) + "/" + url.PathEscape(key)
+	if len(opts) > 0 {
+		q := url.Values{}
+		for _, o := range opts {
+			o(q)
+		}
+		path += "?" + q.Encode()
+	}
 	a, resp, err := c.get(ctx, owner+path)
 	if err != nil && ctx.Err() == nil {
 		// The owner in the cache is gone (stopped, crashed): read the map
