@@ -141,6 +141,20 @@ type TableAnswer struct {
 	// known), the bound's syntax. On a ReasonPositionNotReached refusal it
 	// says how far the copy got.
 	Position string `json:"position,omitempty"`
+	// Windows are the key's windows in the asked range, ascending by start
+	// (GET /api/tables/{table}/{key}/windows; absent when there are none,
+	// Found then false). More is set when windows of the range were left
+	// out past the limit: ask again from the last start + 1 ms.
+	Windows []WindowItem `json:"windows,omitempty"`
+	More    bool         `json:"more,omitempty"`
+}
+
+// WindowItem is one window of a windowed lookup: [Start, End) in UTC and the
+// decoded value.
+type WindowItem struct {
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
+	Value any       `json:"value"`
 }
 
 // RestoreProgress is how far a table partition's local copy is: RestoredOffset
@@ -208,12 +222,19 @@ func parseQueryParams(r *http.Request) (queryParams, error) {
 	return qp, nil
 }
 
-// tableQuery is one GET /api/tables/{table}/{key} being answered.
+// tableQuery is one GET /api/tables/{table}/{key} (or …/{key}/windows)
+// being answered.
 type tableQuery struct {
 	w   *Worker
 	rw  http.ResponseWriter
 	r   *http.Request
 	ans TableAnswer
+	// windows is set for a windowed lookup.
+	windows bool
+	// read reads the key from partition p of st (set by serve for a point
+	// read or a windowed lookup); answer answers what it read, or err.
+	read   func(st *table.State, p int32) error
+	answer func(err error)
 }
 
 func (q *tableQuery) reply(code int) {
@@ -278,6 +299,10 @@ func (w *Worker) serveTables(mux *http.ServeMux) {
 		q := &tableQuery{w: w, rw: rw, r: r, ans: TableAnswer{Table: r.PathValue("table"), Key: r.PathValue("key")}}
 		q.serve()
 	})
+	mux.HandleFunc("GET /api/tables/{table}/{key}/windows", func(rw http.ResponseWriter, r *http.Request) {
+		q := &tableQuery{w: w, rw: rw, r: r, windows: true, ans: TableAnswer{Table: r.PathValue("table"), Key: r.PathValue("key")}}
+		q.serve()
+	})
 	w.serveLocate(mux) // GET /api/locate/{table}/{key}, GET /api/tables (tables_locate.go)
 	w.serveScan(mux)   // GET /api/tables/{table} (tables_scan.go)
 }
@@ -296,20 +321,35 @@ func (q *tableQuery) serve() {
 		q.refuse(http.StatusNotFound, ReasonUnknownTable, 0, fmt.Sprintf("no table %q in app %s (a missing key answers found=false with no reason)", q.ans.Table, w.app.id))
 		return
 	}
-	qr, ok := def.(table.Queryable)
-	if !ok {
-		q.refuse(http.StatusBadRequest, ReasonBadRequest, 0, fmt.Sprintf("table %s cannot be read by key over HTTP (windowed)", q.ans.Table))
-		return
-	}
 	qp, err := parseQueryParams(q.r)
 	if err != nil {
 		q.refuse(http.StatusBadRequest, ReasonBadRequest, 0, err.Error())
 		return
 	}
-	kb, err := qr.QueryKey(q.ans.Key)
-	if err != nil {
-		q.refuse(http.StatusBadRequest, ReasonBadKey, 0, err.Error())
-		return
+	var kb []byte
+	if q.windows {
+		if kb, err = q.prepareWindows(def); err != nil {
+			return // answered
+		}
+	} else {
+		qr, ok := def.(table.Queryable)
+		if !ok {
+			q.refuse(http.StatusBadRequest, ReasonBadRequest, 0, fmt.Sprintf("table %s is windowed: list a key's windows with GET /api/tables/%s/{key}/windows?from=&to=", q.ans.Table, q.ans.Table))
+			return
+		}
+		if kb, err = qr.QueryKey(q.ans.Key); err != nil {
+			q.refuse(http.StatusBadRequest, ReasonBadKey, 0, err.Error())
+			return
+		}
+		var (
+			b     []byte
+			found bool
+		)
+		q.read = func(st *table.State, p int32) (err error) {
+			b, found, err = st.Lookup(p, kb)
+			return err
+		}
+		q.answer = func(err error) { q.value(def, kb, b, found, err) }
 	}
 	if gs := w.GlobalReplica(q.ans.Table); gs != nil {
 		q.ans.Global, q.ans.Role = true, RoleGlobal
@@ -371,32 +411,22 @@ func (q *tableQuery) serve() {
 		zero := int64(0)
 		q.ans.Lag = &zero
 		if len(bounds) == 0 {
-			b, ok, err := t.state.Lookup(p, kb)
-			q.value(def, kb, b, ok, err)
+			q.answer(q.read(t.state, p))
 			return
 		}
 		// The active shows a source record's effect once every agent
 		// resolved it (its writes are in the write cache, which a point
 		// read sees): wait for the claim's watermark, read, and check
 		// that no cache drop came in between.
-		var (
-			b  []byte
-			ok bool
-		)
-		read := func() error {
-			var err error
-			b, ok, err = t.state.Lookup(p, kb)
-			return err
-		}
 		v, reached, err := awaitPosition(q.r.Context(), qp.wait,
 			func() (positionView, error) { return w.activePosition(t, p, bounds) },
-			read, func(v positionView) bool { return w.still(t, p, v) })
+			func() error { return q.read(t.state, p) }, func(v positionView) bool { return w.still(t, p, v) })
 		if err == nil && !reached {
 			q.refuseBehind(v, qp, bounds, RoleActive)
 			return
 		}
 		q.ans.Position = formatPosition(v.at)
-		q.value(def, kb, b, ok, err)
+		q.answer(err)
 		return
 	}
 	// A copy here may answer under consistency=any; its lag is measured
@@ -430,8 +460,7 @@ func (q *tableQuery) serve() {
 				q.ans.Position = formatPosition(v.at)
 			}
 			if lag <= qp.maxLag && behind == nil {
-				b, ok, err := t.state.Lookup(p, kb)
-				q.value(def, kb, b, ok, err)
+				q.answer(q.read(t.state, p))
 				return
 			}
 			if behind == nil {

@@ -290,3 +290,105 @@ func TestReadYourWrites(t *testing.T) {
 		t.Errorf("client read with a bad bound: %v, want a 400 *client.Error", err)
 	}
 }
+
+// TestWindowedLookup (issue #27, windowed lookups): records of key "w" fall
+// in four minutes (two in the first); GET /api/tables/per-minute/w/windows
+// lists the windows whose start is in [from, to] with their counts, through
+// either worker (the other forwards), RFC 3339 or Unix-ms bounds, a limit
+// with more=true, a neighbour key "w2" never mixed in; a window written
+// right now is listed under a position bound (the read sees the write
+// cache). The client's Windows reads the owner directly. Bad input is a 400
+// naming the problem; an unknown table a 404.
+func TestWindowedLookup(t *testing.T) {
+	brokers := testbroker.Brokers(t)
+	id := testbroker.Topic(t, "wlook")
+	w1 := startRYWWorker(t, brokers, id, "w1")
+	w2 := startRYWWorker(t, brokers, id, "w2")
+	topic := w1.r.in.Name()
+	testbroker.WaitTopic(t, testbroker.Client(t, brokers), topic)
+	pr := newRYWProducer(t, brokers, topic)
+	m0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, at := range []time.Duration{0, 10 * time.Second, 70 * time.Second, 130 * time.Second, 190 * time.Second} {
+		pr.send("w", "x", m0.Add(at))
+	}
+	pr.send("w2", "x", m0.Add(70*time.Second))
+	testbroker.WaitLag0(t, brokers, id, topic)
+	settleRYW(t, w1, w2)
+
+	type win struct {
+		start time.Time
+		n     float64
+	}
+	list := func(addr, query string) (answer, []win) {
+		t.Helper()
+		a := mustQuery(t, addr, "per-minute/w/windows?"+query, nil)
+		var got []win
+		for _, it := range a.Windows {
+			if it.End.Sub(it.Start) != time.Minute {
+				t.Fatalf("window [%v, %v): want a minute", it.Start, it.End)
+			}
+			got = append(got, win{it.Start, it.Value.(float64)})
+		}
+		return a, got
+	}
+	all := []win{{m0, 2}, {m0.Add(time.Minute), 1}, {m0.Add(2 * time.Minute), 1}, {m0.Add(3 * time.Minute), 1}}
+	for _, qw := range []*rywWorker{w1, w2} {
+		a, got := list(qw.r.addr, "")
+		if a.code != http.StatusOK || !slices.Equal(got, all) || a.More || !a.Found {
+			t.Fatalf("all windows via %s: %v %v, want %v", qw.r.addr, a, got, all)
+		}
+		a, got = list(qw.r.addr, "from="+m0.Add(30*time.Second).Format(time.RFC3339)+"&to="+strconv.FormatInt(m0.Add(2*time.Minute).UnixMilli(), 10))
+		if a.code != http.StatusOK || !slices.Equal(got, all[1:3]) {
+			t.Fatalf("windows starting in [m0+30s, m0+2m] via %s: %v %v, want %v", qw.r.addr, a, got, all[1:3])
+		}
+		a, got = list(qw.r.addr, "limit=3")
+		if a.code != http.StatusOK || !slices.Equal(got, all[:3]) || !a.More {
+			t.Fatalf("limit=3 via %s: %v %v, want the first 3 and more", qw.r.addr, a, got)
+		}
+		a, got = list(qw.r.addr, "from="+m0.Add(5*time.Minute).Format(time.RFC3339))
+		if a.code != http.StatusOK || len(got) != 0 || a.Found {
+			t.Fatalf("no windows after m0+5m via %s: %v", qw.r.addr, a)
+		}
+	}
+	c := client.New(w1.r.addr, w2.r.addr)
+	ctx := context.Background()
+	ws, err := c.Windows(ctx, "per-minute", "w", m0, m0.Add(time.Hour))
+	if err != nil || len(ws) != 4 || string(ws[0].Value) != "2" || !ws[3].Start.Equal(m0.Add(3*time.Minute)) {
+		t.Fatalf("client Windows: %+v %v", ws, err)
+	}
+	ws, err = c.Windows(ctx, "per-minute", "w2", m0, m0.Add(time.Hour))
+	if err != nil || len(ws) != 1 || !ws[0].Start.Equal(m0.Add(time.Minute)) {
+		t.Fatalf("client Windows of w2: %+v %v", ws, err)
+	}
+
+	// A new window, read at once with a bound: the active's write cache.
+	pos := pr.send("w", "x", m0.Add(4*time.Minute))
+	ws, err = c.Windows(ctx, "per-minute", "w", m0.Add(4*time.Minute), m0.Add(4*time.Minute),
+		client.AtLeast(client.Position{Topic: pos.Topic, Partition: pos.Partition, Offset: pos.Offset}), client.WaitFor(3*time.Second))
+	if err != nil || len(ws) != 1 || string(ws[0].Value) != "1" {
+		t.Fatalf("client Windows with a bound: %+v %v", ws, err)
+	}
+
+	for _, bad := range []struct {
+		path string
+		code int
+		want string
+	}{
+		{"per-minute/w/windows?from=yesterday", 400, "want Unix milliseconds or an RFC 3339 time"},
+		{"per-minute/w/windows?from=2000&to=1000", 400, "is before from"},
+		{"per-minute/w/windows?limit=0", 400, "limit"},
+		{"per-minute/w/windows?limit=5000", 400, "limit"},
+		{"per-minute/w/windows?at=5", 400, "unknown parameter"},
+		{"counts/w/windows", 400, "not windowed"},
+		{"per-minute/w", 400, "is windowed"},
+		{"per-hour/w/windows", 404, "no table"},
+	} {
+		a := mustQuery(t, w1.r.addr, bad.path, nil)
+		if a.code != bad.code || !strings.Contains(a.Error, bad.want) {
+			t.Errorf("%s: %v, want %d saying %q", bad.path, a, bad.code, bad.want)
+		}
+	}
+	if _, err := c.Windows(ctx, "counts", "w", m0, m0); err == nil {
+		t.Errorf("client Windows of a plain table: no error")
+	}
+}

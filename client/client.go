@@ -275,6 +275,41 @@ type answer struct {
 	Partition    *int32          `json:"partition"`
 	Items        []Item          `json:"items"`
 	Continuation string          `json:"continuation"`
+	Windows      []Window        `json:"windows"`
+	More         bool            `json:"more"`
+}
+
+// Window is one window of a key in a windowed table: [Start, End) and the
+// value as JSON.
+type Window struct {
+	Start time.Time       `json:"start"`
+	End   time.Time       `json:"end"`
+	Value json.RawMessage `json:"value"`
+}
+
+// Windows lists key's windows in the windowed table whose start is in
+// [from, to], ascending by start, following the workers' pages (up to 1000
+// windows each) until the range is done. It reads the owner of the key's
+// partition directly, as Query does, with the same options (AtLeast,
+// WaitFor, MaxLag). Errors: as Query's; a table that is not windowed, or
+// to before from, is a 400 *Error.
+func (c *Client) Windows(ctx context.Context, table, key string, from, to time.Time, opts ...QueryOption) ([]Window, error) {
+	var out []Window
+	for {
+		q := url.Values{"from": {strconv.FormatInt(from.UnixMilli(), 10)}, "to": {strconv.FormatInt(to.UnixMilli(), 10)}, "limit": {"1000"}}
+		for _, o := range opts {
+			o(q)
+		}
+		a, err := c.read(ctx, table, key, "/windows?"+q.Encode())
+		if err != nil {
+			return out, err
+		}
+		out = append(out, a.Windows...)
+		if !a.More || len(a.Windows) == 0 {
+			return out, nil
+		}
+		from = a.Windows[len(a.Windows)-1].Start.Add(time.Millisecond)
+	}
 }
 
 // Position is one entry of a read-your-writes bound: the topic, partition and
@@ -333,21 +368,37 @@ func MaxLag(n int64) QueryOption {
 // position-not-reached), *Error (bad request, unknown table), or a transport
 // error wrapped with the URL.
 func (c *Client) Query(ctx context.Context, table, key string, opts ...QueryOption) (value json.RawMessage, found bool, err error) {
-	owner, err := c.Owner(ctx, table, key)
-	if err != nil {
-		return nil, false, err
-	}
-	if owner == "" {
-		owner = c.any()
-	}
-	path := "/api/tables/" + url.PathEscape(table) + "/" + url.PathEscape(key)
+	suffix := ""
 	if len(opts) > 0 {
 		q := url.Values{}
 		for _, o := range opts {
 			o(q)
 		}
-		path += "?" + q.Encode()
+		suffix = "?" + q.Encode()
 	}
+	a, err := c.read(ctx, table, key, suffix)
+	switch {
+	case err != nil:
+		return nil, false, err
+	case a.Found:
+		return a.Value, true, nil
+	}
+	return nil, false, nil
+}
+
+// read sends GET /api/tables/{table}/{key}{suffix} to the key's owner (any
+// worker when unknown), once more to the owner of a refreshed map when the
+// owner does not answer, and returns a 200 answer or a 404 without a reason
+// (Found false); every other answer is an error (refusal).
+func (c *Client) read(ctx context.Context, table, key, suffix string) (answer, error) {
+	owner, err := c.Owner(ctx, table, key)
+	if err != nil {
+		return answer{}, err
+	}
+	if owner == "" {
+		owner = c.any()
+	}
+	path := "/api/tables/" + url.PathEscape(table) + "/" + url.PathEscape(key) + suffix
 	a, resp, err := c.get(ctx, owner+path)
 	if err != nil && ctx.Err() == nil {
 		// The owner in the cache is gone (stopped, crashed): read the map
@@ -360,15 +411,16 @@ func (c *Client) Query(ctx context.Context, table, key string, opts ...QueryOpti
 		a, resp, err = c.get(ctx, next+path)
 	}
 	if err != nil {
-		return nil, false, err
+		return a, err
 	}
 	switch {
-	case resp.StatusCode == http.StatusOK && a.Found:
-		return a.Value, true, nil
+	case resp.StatusCode == http.StatusOK:
+		return a, nil
 	case resp.StatusCode == http.StatusNotFound && a.Reason == "":
-		return nil, false, nil
+		a.Found = false
+		return a, nil
 	}
-	return nil, false, c.refusal(resp, a)
+	return a, c.refusal(resp, a)
 }
 
 // get sends GET u and decodes the answer; an answer that shows the cache
