@@ -307,7 +307,9 @@ func TestWindowedLookup(t *testing.T) {
 	topic := w1.r.in.Name()
 	testbroker.WaitTopic(t, testbroker.Client(t, brokers), topic)
 	pr := newRYWProducer(t, brokers, topic)
-	m0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	// Recent minutes: a record older than the input topic's time
+	// retention may be deleted before it is processed.
+	m0 := time.Now().UTC().Truncate(time.Minute).Add(-10 * time.Minute)
 	for _, at := range []time.Duration{0, 10 * time.Second, 70 * time.Second, 130 * time.Second, 190 * time.Second} {
 		pr.send("w", "x", m0.Add(at))
 	}
