@@ -134,6 +134,26 @@ type TableAnswer struct {
 	// Restore is the progress of the partition's restore here (reason
 	// restoring, or a restoring copy that answered).
 	Restore *RestoreProgress `json:"restore,omitempty"`
+	// Position is set on a read with a position bound (?position=): per
+	// bound entry of the key's partition, "topic:partition:offset" with the
+	// highest source offset whose effect the answering copy shows (-1: none
+	// known), the bound's syntax. On a ReasonPositionNotReached refusal it
+	// says how far the copy got.
+	Position string `json:"position,omitempty"`
+	// Windows are the key's windows in the asked range, ascending by start
+	// (GET /api/tables/{table}/{key}/windows; absent when there are none,
+	// Found then false). More is set when windows of the range were left
+	// out past the limit: ask again from the last start + 1 ms.
+	Windows []WindowItem `json:"windows,omitempty"`
+	More    bool         `json:"more,omitempty"`
+}
+
+// WindowItem is one window of a windowed lookup: [Start, End) in UTC and the
+// decoded value.
+type WindowItem struct {
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
+	Value any       `json:"value"`
 }
 
 // RestoreProgress is how far a table partition's local copy is: RestoredOffset
@@ -148,12 +168,17 @@ type RestoreProgress struct {
 	ETAMS          float64 `json:"eta_ms,omitempty"`
 }
 
-// queryParams are a query's options (?consistency=&maxLag=&forward=).
+// queryParams are a query's options
+// (?consistency=&maxLag=&forward=&position=&wait=).
 type queryParams struct {
 	consistency string
 	maxLag      int64 // with ConsistencyAny; -1 otherwise
 	forward     bool
 	hops        int
+	// position is the read-your-writes bound (every entry, all partitions);
+	// wait how long a read waits for it (DefaultPositionWait unless given).
+	position []SourcePosition
+	wait     time.Duration
 }
 
 func parseQueryParams(r *http.Request) (queryParams, error) {
@@ -180,6 +205,9 @@ func parseQueryParams(r *http.Request) (queryParams, error) {
 		// caught up would answer "absent" for keys that exist.
 		return qp, errors.New("consistency=any needs maxLag=N (changelog records the copy may be behind)")
 	}
+	if err := parsePositionParams(q, &qp); err != nil {
+		return qp, err
+	}
 	if h := r.Header.Get(HopsHeader); h != "" {
 		n, err := strconv.Atoi(h)
 		if err != nil || n < 0 {
@@ -193,12 +221,19 @@ func parseQueryParams(r *http.Request) (queryParams, error) {
 	return qp, nil
 }
 
-// tableQuery is one GET /api/tables/{table}/{key} being answered.
+// tableQuery is one GET /api/tables/{table}/{key} (or …/{key}/windows)
+// being answered.
 type tableQuery struct {
 	w   *Worker
 	rw  http.ResponseWriter
 	r   *http.Request
 	ans TableAnswer
+	// windows is set for a windowed lookup.
+	windows bool
+	// read reads the key from partition p of st (set by serve for a point
+	// read or a windowed lookup); answer answers what it read, or err.
+	read   func(st *table.State, p int32) error
+	answer func(err error)
 }
 
 func (q *tableQuery) reply(code int) {
@@ -263,6 +298,10 @@ func (w *Worker) serveTables(mux *http.ServeMux) {
 		q := &tableQuery{w: w, rw: rw, r: r, ans: TableAnswer{Table: r.PathValue("table"), Key: r.PathValue("key")}}
 		q.serve()
 	})
+	mux.HandleFunc("GET /api/tables/{table}/{key}/windows", func(rw http.ResponseWriter, r *http.Request) {
+		q := &tableQuery{w: w, rw: rw, r: r, windows: true, ans: TableAnswer{Table: r.PathValue("table"), Key: r.PathValue("key")}}
+		q.serve()
+	})
 	w.serveLocate(mux) // GET /api/locate/{table}/{key}, GET /api/tables (tables_locate.go)
 	w.serveScan(mux)   // GET /api/tables/{table} (tables_scan.go)
 }
@@ -281,27 +320,70 @@ func (q *tableQuery) serve() {
 		q.refuse(http.StatusNotFound, ReasonUnknownTable, 0, fmt.Sprintf("no table %q in app %s (a missing key answers found=false with no reason)", q.ans.Table, w.app.id))
 		return
 	}
-	qr, ok := def.(table.Queryable)
-	if !ok {
-		q.refuse(http.StatusBadRequest, ReasonBadRequest, 0, fmt.Sprintf("table %s cannot be read by key over HTTP (windowed)", q.ans.Table))
-		return
-	}
 	qp, err := parseQueryParams(q.r)
 	if err != nil {
 		q.refuse(http.StatusBadRequest, ReasonBadRequest, 0, err.Error())
 		return
 	}
-	kb, err := qr.QueryKey(q.ans.Key)
-	if err != nil {
-		q.refuse(http.StatusBadRequest, ReasonBadKey, 0, err.Error())
-		return
+	var kb []byte
+	if q.windows {
+		if kb, err = q.prepareWindows(def); err != nil {
+			return // answered
+		}
+	} else {
+		qr, ok := def.(table.Queryable)
+		if !ok {
+			q.refuse(http.StatusBadRequest, ReasonBadRequest, 0, fmt.Sprintf("table %s is windowed: list a key's windows with GET /api/tables/%s/{key}/windows?from=&to=", q.ans.Table, q.ans.Table))
+			return
+		}
+		if kb, err = qr.QueryKey(q.ans.Key); err != nil {
+			q.refuse(http.StatusBadRequest, ReasonBadKey, 0, err.Error())
+			return
+		}
+		var (
+			b     []byte
+			found bool
+		)
+		q.read = func(st *table.State, p int32) (err error) {
+			b, found, err = st.Lookup(p, kb)
+			return err
+		}
+		q.answer = func(err error) { q.value(def, kb, b, found, err) }
 	}
 	if gs := w.GlobalReplica(q.ans.Table); gs != nil {
 		q.ans.Global, q.ans.Role = true, RoleGlobal
 		q.ans.Partition = kafka.PartitionFor(kb, gs.Partitions())
-		off := gs.Applied(q.ans.Partition)
-		q.ans.Applied = &off
-		b, ok, err := gs.Lookup(kb)
+		bounds, err := w.checkPosition(q.ans.Table, gs.Partitions(), qp.position, q.ans.Partition)
+		if err != nil {
+			q.refuse(http.StatusBadRequest, ReasonBadRequest, 0, err.Error())
+			return
+		}
+		var (
+			b  []byte
+			ok bool
+		)
+		read := func() error {
+			off := gs.Applied(q.ans.Partition)
+			q.ans.Applied = &off
+			b, ok, err = gs.Lookup(kb)
+			return err
+		}
+		if len(bounds) == 0 {
+			err = read()
+			q.value(def, kb, b, ok, err)
+			return
+		}
+		// A replica holds a source record's effect once its follower
+		// applied a changelog record stamped with that source offset or a
+		// later one (the replica store's marks).
+		st := w.globalStore(q.ans.Table)
+		v, reached, err := awaitPosition(q.r.Context(), qp.wait, func() (positionView, error) { return marksPosition(st, q.ans.Partition, bounds) },
+			read, func(positionView) bool { return true })
+		if err == nil && !reached {
+			q.refuseBehind(v, qp, bounds, RoleGlobal)
+			return
+		}
+		q.ans.Position = formatPosition(v.at)
 		q.value(def, kb, b, ok, err)
 		return
 	}
@@ -317,18 +399,45 @@ func (q *tableQuery) serve() {
 	}
 	p := kafka.PartitionFor(kb, n)
 	q.ans.Partition = p
+	bounds, err := w.checkPosition(q.ans.Table, n, qp.position, p)
+	if err != nil {
+		q.refuse(http.StatusBadRequest, ReasonBadRequest, 0, err.Error())
+		return
+	}
 	st := w.partState(t, a, p)
 	q.ans.Role = st.role
 	if st.role == RoleActive {
 		zero := int64(0)
 		q.ans.Lag = &zero
-		b, ok, err := t.state.Lookup(p, kb)
-		q.value(def, kb, b, ok, err)
+		if len(bounds) == 0 {
+			q.answer(q.read(t.state, p))
+			return
+		}
+		// The active shows a source record's effect once every agent
+		// resolved it (its writes are in the write cache, which a point
+		// read sees): wait for the claim's watermark, read, and check
+		// that no cache drop came in between.
+		v, reached, err := awaitPosition(q.r.Context(), qp.wait,
+			func() (positionView, error) { return w.activePosition(t, p, bounds) },
+			func() error { return q.read(t.state, p) }, func(v positionView) bool { return w.still(t, p, v) })
+		if err == nil && !reached {
+			q.refuseBehind(v, qp, bounds, RoleActive)
+			return
+		}
+		q.ans.Position = formatPosition(v.at)
+		q.answer(err)
 		return
 	}
 	// A copy here may answer under consistency=any; its lag is measured
-	// before the read, so the value read is at least that fresh.
-	var stale *copyLag
+	// before the read, so the value read is at least that fresh. With a
+	// position bound it must also hold the bound already (its store's
+	// marks): a copy catches up only at the active's next commit, so the
+	// active, which answers as soon as it processed the record, is asked
+	// instead of waiting here.
+	var (
+		stale  *copyLag
+		behind *positionView
+	)
 	if qp.consistency == ConsistencyAny && st.role != RoleNone && st.role != RolePending {
 		cl, err := w.copyLagOf(t, p)
 		if err == nil {
@@ -337,12 +446,25 @@ func (q *tableQuery) serve() {
 			if st.role == RoleRestoring {
 				q.ans.Restore = w.restoreProgress(t, p, cl)
 			}
-			if lag <= qp.maxLag {
-				b, ok, err := t.state.Lookup(p, kb)
-				q.value(def, kb, b, ok, err)
+			var v positionView
+			if lag <= qp.maxLag && len(bounds) > 0 {
+				v, err = marksPosition(t.store, p, bounds)
+				if err != nil {
+					q.refuse(http.StatusInternalServerError, ReasonInternal, 0, fmt.Sprintf("table %s[%d]: %v", q.ans.Table, p, err))
+					return
+				}
+				if !v.reached {
+					behind = &v
+				}
+				q.ans.Position = formatPosition(v.at)
+			}
+			if lag <= qp.maxLag && behind == nil {
+				q.answer(q.read(t.state, p))
 				return
 			}
-			stale = &cl
+			if behind == nil {
+				stale = &cl
+			}
 		}
 	}
 	if st.role == RoleRestoring {
@@ -352,6 +474,10 @@ func (q *tableQuery) serve() {
 		if stale != nil {
 			q.refuse(http.StatusServiceUnavailable, ReasonStaleBeyondBound, retryAfterRestore(q.ans.Restore),
 				fmt.Sprintf("the restoring copy here is %s behind, more than maxLag=%d", plural(*q.ans.Lag, "record"), qp.maxLag))
+			return
+		}
+		if behind != nil {
+			q.refuseBehind(*behind, qp, bounds, RoleRestoring)
 			return
 		}
 		msg := fmt.Sprintf("partition %d of table %s is being restored on this worker", p, q.ans.Table)
@@ -369,6 +495,10 @@ func (q *tableQuery) serve() {
 		// for, or a partition withheld until its owner revoked it: the
 		// assignment is moving.
 		q.ans.Owner = ""
+		if behind != nil {
+			q.refuseBehind(*behind, qp, bounds, st.role)
+			return
+		}
 		if stale != nil {
 			q.refuse(http.StatusServiceUnavailable, ReasonStaleBeyondBound, 1,
 				fmt.Sprintf("the %s copy here is %s behind, more than maxLag=%d, and no owner is known (rebalance under way)", st.role, plural(*q.ans.Lag, "record"), qp.maxLag))
@@ -377,6 +507,10 @@ func (q *tableQuery) serve() {
 		q.refuse(http.StatusServiceUnavailable, ReasonRebalancing, 1,
 			fmt.Sprintf("no owner known for partition %d of table %s (rebalance under way)", p, q.ans.Table))
 	case !qp.forward || qp.hops >= MaxHops:
+		if behind != nil {
+			q.refuseBehind(*behind, qp, bounds, st.role)
+			return
+		}
 		if stale != nil {
 			q.refuse(http.StatusServiceUnavailable, ReasonStaleBeyondBound, 1,
 				fmt.Sprintf("the %s copy here is %s behind, more than maxLag=%d; the active is %s", st.role, plural(*q.ans.Lag, "record"), qp.maxLag, q.ans.Owner))

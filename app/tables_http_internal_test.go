@@ -193,3 +193,60 @@ func TestTableQueryBadInput(t *testing.T) {
 		t.Errorf("GET ids/42 = %d %+v, want 503 rebalancing (no owner known)", rec.Code, ans)
 	}
 }
+
+// Two workers whose assignments each name the other as the key's owner (views
+// that disagree mid-rebalance) cannot bounce a query: the first forwards it
+// once with Runnel-Hops: 1, the second answers 503 not-owner without
+// forwarding, and each sees the query exactly once. The same holds for a
+// scan page.
+func TestForwardLoopImpossible(t *testing.T) {
+	const key = "k-7"
+	p := kafka.PartitionFor([]byte(key), 3)
+	var servers [2]*httptest.Server
+	var seen [2][]string
+	var workers [2]*Worker
+	for i := range workers {
+		w, _ := queryWorker(t, assignor.Assignment{Generation: 9})
+		workers[i] = w
+		mux := http.NewServeMux()
+		w.serveTables(mux)
+		servers[i] = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			seen[i] = append(seen[i], r.URL.Path+" hops="+r.Header.Get(HopsHeader))
+			mux.ServeHTTP(rw, r)
+		}))
+		defer servers[i].Close()
+	}
+	for i, w := range workers {
+		other := servers[1-i].Listener.Addr().String()
+		w.cfg.HTTPAddr = servers[i].Listener.Addr().String()
+		w.assignment.URLs = map[string]map[int32]string{w.tables[0].state.Topic(): {0: other, 1: other, 2: other}}
+	}
+	resp, err := http.Get(servers[0].URL + "/api/tables/counts/" + key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ans TableAnswer
+	err = json.NewDecoder(resp.Body).Decode(&ans)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable || ans.Reason != ReasonNotOwner || ans.Partition != p ||
+		resp.Header.Get(ServedByHeader) != servers[1].Listener.Addr().String() {
+		t.Fatalf("point read: %d %+v %v, want 503 not-owner from the second worker", resp.StatusCode, ans, err)
+	}
+	if len(seen[0]) != 1 || len(seen[1]) != 1 || seen[1][0] != "/api/tables/counts/"+key+" hops=1" {
+		t.Fatalf("point read: the workers saw %v and %v, want one request each, the second with hops=1", seen[0], seen[1])
+	}
+	seen = [2][]string{}
+	resp, err = http.Get(servers[0].URL + "/api/tables/counts?prefix=k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var page ScanPage
+	err = json.NewDecoder(resp.Body).Decode(&page)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable || page.Reason != ReasonNotOwner {
+		t.Fatalf("scan: %d %+v %v, want 503 not-owner", resp.StatusCode, page, err)
+	}
+	if len(seen[0]) != 1 || len(seen[1]) != 1 {
+		t.Fatalf("scan: the workers saw %v and %v, want one request each", seen[0], seen[1])
+	}
+}

@@ -76,22 +76,22 @@ type Location struct {
 // Locate returns where key lives in the table named name: its partition
 // from the table's partitioner and the changelog's partition count in the
 // topic metadata, the active's URL, the standbys this worker knows of and
-// the assignment generation. Errors are *TableError: an unknown table (404,
-// ReasonUnknownTable), a windowed table (400, ReasonBadRequest), a key the
-// codec cannot parse (400, ReasonBadKey), the topic metadata unavailable
-// (500, ReasonInternal).
+// the assignment generation. A windowed table's key is located by the key
+// alone (its windows share the key's partition). Errors are *TableError: an
+// unknown table (404, ReasonUnknownTable), a key the codec cannot parse
+// (400, ReasonBadKey), the topic metadata unavailable (500, ReasonInternal).
 func (w *Worker) Locate(name, key string) (Location, error) {
 	a := w.Assignment()
 	loc := Location{Table: name, Key: key, Generation: a.Generation, Self: w.cfg.HTTPAddr, Standbys: []Replica{}}
-	qr, err := w.queryable(name)
+	def, encode, err := w.keyEncoder(name)
 	if err != nil {
 		return loc, err
 	}
-	kb, err := qr.QueryKey(key)
+	kb, err := encode(key)
 	if err != nil {
 		return loc, tableErr(http.StatusBadRequest, ReasonBadKey, "locate %s/%s: %w", name, key, err)
 	}
-	loc.Changelog = qr.Changelog()
+	loc.Changelog = def.Changelog()
 	if gs := w.GlobalReplica(name); gs != nil {
 		loc.Global, loc.Role, loc.Partitions = true, RoleGlobal, gs.Partitions()
 		loc.Partition = keypart.For(kb, loc.Partitions)
@@ -138,11 +138,31 @@ func (w *Worker) queryable(name string) (table.Queryable, error) {
 		}
 		qr, ok := d.(table.Queryable)
 		if !ok {
-			return nil, tableErr(http.StatusBadRequest, ReasonBadRequest, "table %s cannot be read by key over HTTP (windowed)", name)
+			return nil, tableErr(http.StatusBadRequest, ReasonBadRequest, "table %s is windowed: it is not scanned; list a key's windows with GET /api/tables/%s/{key}/windows", name, name)
 		}
 		return qr, nil
 	}
 	return nil, tableErr(http.StatusNotFound, ReasonUnknownTable, "no table %q in app %s", name, w.app.id)
+}
+
+// keyEncoder returns the declaration of the table named name and how its
+// keys are encoded from their URL form (Queryable.QueryKey, or the table key
+// of a windowed table, WindowQuerier.WindowKey); the error is a *TableError
+// (404 unknown table).
+func (w *Worker) keyEncoder(name string) (table.Def, func(string) ([]byte, error), error) {
+	for _, d := range w.app.tables {
+		if d.Name() != name {
+			continue
+		}
+		switch x := d.(type) {
+		case table.Queryable:
+			return d, x.QueryKey, nil
+		case table.WindowQuerier:
+			return d, x.WindowKey, nil
+		}
+		return nil, nil, tableErr(http.StatusBadRequest, ReasonBadRequest, "table %s cannot be read by key over HTTP", name)
+	}
+	return nil, nil, tableErr(http.StatusNotFound, ReasonUnknownTable, "no table %q in app %s", name, w.app.id)
 }
 
 // TableInfo describes one table of the app (GET /api/tables): what a client
@@ -156,7 +176,8 @@ type TableInfo struct {
 	// when unknown (the worker has no metadata for it yet).
 	Partitions int32 `json:"partitions"`
 	// Global is set for a global table (every worker answers every key);
-	// Windowed for a windowed table (not readable by key).
+	// Windowed for a windowed table (read by key and time range,
+	// GET /api/tables/{table}/{key}/windows).
 	Global   bool `json:"global,omitempty"`
 	Windowed bool `json:"windowed,omitempty"`
 	// TextKeys is set when a key's encoded bytes are its text as it appears
@@ -176,10 +197,9 @@ func (w *Worker) Tables() []TableInfo {
 	out := []TableInfo{}
 	for _, d := range w.app.tables {
 		ti := TableInfo{Name: d.Name(), Changelog: d.Changelog(), KeyCodec: d.KeyCodec(), ValueCodec: d.ValueCodec()}
-		qr, ok := d.(table.Queryable)
-		ti.Windowed = !ok
-		if ok {
-			kb, err := qr.QueryKey(textKeyProbe)
+		_, ti.Windowed = d.(table.WindowQuerier)
+		if _, encode, err := w.keyEncoder(d.Name()); err == nil {
+			kb, err := encode(textKeyProbe)
 			ti.TextKeys = err == nil && string(kb) == textKeyProbe
 		}
 		if gs := w.GlobalReplica(d.Name()); gs != nil {

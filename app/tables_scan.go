@@ -15,6 +15,7 @@ import (
 
 	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/stores"
+	"github.com/runnel-dev/runnel/table"
 )
 
 // Scan pages (GET /api/tables/{table}?prefix=|from=&to=&limit=&continuation=).
@@ -48,6 +49,9 @@ type ScanPartition struct {
 	// ServedBy is the URL of the worker that read it, when not the worker
 	// asked.
 	ServedBy string `json:"served_by,omitempty"`
+	// Applied is, for a global table's replica, the offset after the last
+	// changelog record its followers applied to the partition.
+	Applied *int64 `json:"applied,omitempty"`
 	// Exhausted is set when the page holds every remaining key of the
 	// partition in the scan's bounds.
 	Exhausted bool `json:"exhausted"`
@@ -133,8 +137,13 @@ func (b scanBounds) in(k []byte) (in, past bool) {
 
 // scanRequest is one scan page being answered.
 type scanRequest struct {
-	w      *Worker
+	w *Worker
+	// t is the table's runtime; nil for a global table, whose replica's
+	// store every worker reads locally (global set).
 	t      *tableRuntime
+	def    table.Def
+	store  stores.Store
+	global bool
 	n      int32
 	r      *http.Request
 	qp     queryParams
@@ -254,22 +263,29 @@ func (w *Worker) parseScan(r *http.Request, name string) (*scanRequest, *TableEr
 		errors.As(err, &te)
 		return nil, te
 	}
-	if w.GlobalReplica(name) != nil {
-		return nil, tableErr(http.StatusBadRequest, ReasonBadRequest, "scans of global table %s are not supported yet (read keys with GET /api/tables/%s/{key})", name, name)
-	}
-	t := w.tableByName(name)
-	if t == nil {
-		return nil, tableErr(http.StatusInternalServerError, ReasonInternal, "table %s is not run by this worker", name)
-	}
-	n, err := w.changelogPartitions(t)
-	if err != nil {
-		return nil, &TableError{Status: http.StatusInternalServerError, Reason: ReasonInternal, Err: err}
-	}
 	qp, err := parseQueryParams(r)
 	if err != nil {
 		return nil, &TableError{Status: http.StatusBadRequest, Reason: ReasonBadRequest, Err: err}
 	}
-	sr := &scanRequest{w: w, t: t, n: n, r: r, qp: qp, limit: DefaultScanLimit}
+	sr := &scanRequest{w: w, def: qr, r: r, qp: qp, limit: DefaultScanLimit}
+	if gs := w.GlobalReplica(name); gs != nil {
+		// Every partition from the local replica: what its followers
+		// applied.
+		sr.global, sr.n, sr.store = true, gs.Partitions(), w.globalStore(name)
+		if sr.store == nil {
+			return nil, tableErr(http.StatusInternalServerError, ReasonInternal, "global table %s has no store on this worker", name)
+		}
+	} else {
+		t := w.tableByName(name)
+		if t == nil {
+			return nil, tableErr(http.StatusInternalServerError, ReasonInternal, "table %s is not run by this worker", name)
+		}
+		if sr.n, err = w.changelogPartitions(t); err != nil {
+			return nil, &TableError{Status: http.StatusInternalServerError, Reason: ReasonInternal, Err: err}
+		}
+		sr.t, sr.store = t, t.store
+	}
+	n := sr.n
 	q := r.URL.Query()
 	for k := range q {
 		switch k {
@@ -327,6 +343,9 @@ func (w *Worker) parseScan(r *http.Request, name string) (*scanRequest, *TableEr
 // route decides who reads partition p: "" for this worker, else the owner's
 // URL; or a refusal.
 func (sr *scanRequest) route(a assignor.Assignment, p int32) (string, *scanRefusal) {
+	if sr.global {
+		return "", nil // every worker holds every partition
+	}
 	w := sr.w
 	st := w.partState(sr.t, a, p)
 	if st.role == RoleActive {
@@ -359,13 +378,25 @@ func (sr *scanRequest) route(a assignor.Assignment, p int32) (string, *scanRefus
 // when the store is a stores.Seeker.
 func (sr *scanRequest) readLocal(a assignor.Assignment, p int32) (partPage, *scanRefusal) {
 	w := sr.w
-	sp := ScanPartition{Partition: p, Role: w.partState(sr.t, a, p).role}
-	if sp.Role == RoleActive {
-		zero := int64(0)
-		sp.Lag = &zero
-	} else if cl, err := w.copyLagOf(sr.t, p); err == nil {
-		lag := cl.lag()
-		sp.Lag = &lag
+	sp := ScanPartition{Partition: p, Role: RoleGlobal}
+	switch {
+	case sr.global:
+		// The replica's applied offset is in Applied; no lag is asked of
+		// the broker.
+		off, err := sr.store.Offset(p)
+		if err == nil {
+			applied := off + 1
+			sp.Applied = &applied
+		}
+	default:
+		sp.Role = w.partState(sr.t, a, p).role
+		if sp.Role == RoleActive {
+			zero := int64(0)
+			sp.Lag = &zero
+		} else if cl, err := w.copyLagOf(sr.t, p); err == nil {
+			lag := cl.lag()
+			sp.Lag = &lag
+		}
 	}
 	after, hasAfter := sr.token.After[p]
 	var items []ScanItem
@@ -381,7 +412,7 @@ func (sr *scanRequest) readLocal(a assignor.Assignment, p int32) (partPage, *sca
 		if !in {
 			return nil
 		}
-		ks, val, err := sr.t.def.Format(k, v)
+		ks, val, err := sr.def.Format(k, v)
 		if err != nil {
 			return fmt.Errorf("decode %q: %w", k, err)
 		}
@@ -396,7 +427,7 @@ func (sr *scanRequest) readLocal(a assignor.Assignment, p int32) (partPage, *sca
 		return nil
 	}
 	var err error
-	if sk, ok := sr.t.store.(stores.Seeker); ok {
+	if sk, ok := sr.store.(stores.Seeker); ok {
 		// Seek to the first key that can be in the page: the largest of
 		// from, prefix and the key right after the position.
 		start := sr.bounds.from
@@ -408,11 +439,11 @@ func (sr *scanRequest) readLocal(a assignor.Assignment, p int32) (partPage, *sca
 		}
 		err = sk.IterateFrom(p, start, visit)
 	} else {
-		err = sr.t.store.Iterate(p, visit)
+		err = sr.store.Iterate(p, visit)
 	}
 	if err != nil && !errors.Is(err, stop) {
 		return partPage{}, &scanRefusal{code: http.StatusInternalServerError, reason: ReasonInternal, partition: p,
-			err: fmt.Sprintf("scan table %s[%d]: %v", sr.t.def.Name(), p, err)}
+			err: fmt.Sprintf("scan table %s[%d]: %v", sr.def.Name(), p, err)}
 	}
 	sp.Exhausted = len(items) <= sr.limit
 	if !sp.Exhausted {

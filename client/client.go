@@ -275,22 +275,130 @@ type answer struct {
 	Partition    *int32          `json:"partition"`
 	Items        []Item          `json:"items"`
 	Continuation string          `json:"continuation"`
+	Windows      []Window        `json:"windows"`
+	More         bool            `json:"more"`
+}
+
+// Window is one window of a key in a windowed table: [Start, End) and the
+// value as JSON.
+type Window struct {
+	Start time.Time       `json:"start"`
+	End   time.Time       `json:"end"`
+	Value json.RawMessage `json:"value"`
+}
+
+// Windows lists key's windows in the windowed table whose start is in
+// [from, to], ascending by start, following the workers' pages (up to 1000
+// windows each) until the range is done. It reads the owner of the key's
+// partition directly, as Query does, with the same options (AtLeast,
+// WaitFor, MaxLag). Errors: as Query's; a table that is not windowed, or
+// to before from, is a 400 *Error.
+func (c *Client) Windows(ctx context.Context, table, key string, from, to time.Time, opts ...QueryOption) ([]Window, error) {
+	var out []Window
+	for {
+		q := url.Values{"from": {strconv.FormatInt(from.UnixMilli(), 10)}, "to": {strconv.FormatInt(to.UnixMilli(), 10)}, "limit": {"1000"}}
+		for _, o := range opts {
+			o(q)
+		}
+		a, err := c.read(ctx, table, key, "/windows?"+q.Encode())
+		if err != nil {
+			return out, err
+		}
+		out = append(out, a.Windows...)
+		if !a.More || len(a.Windows) == 0 {
+			return out, nil
+		}
+		from = a.Windows[len(a.Windows)-1].Start.Add(time.Millisecond)
+	}
+}
+
+// Position is one entry of a read-your-writes bound: the topic, partition and
+// offset of a source record the caller wrote (the producer's result). A read
+// bound by it shows the record's effect on the table.
+type Position struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+}
+
+// String renders p as the workers read it: "topic:partition:offset".
+func (p Position) String() string {
+	return p.Topic + ":" + strconv.FormatInt(int64(p.Partition), 10) + ":" + strconv.FormatInt(p.Offset, 10)
+}
+
+// QueryOption changes how Query reads a key.
+type QueryOption func(url.Values)
+
+// AtLeast bounds the read by the caller's own writes (read-your-writes,
+// ?position=): the answer shows the effect of every source record named,
+// whose partition is the key's (a record of another partition cannot have
+// written the key). The worker waits for its copy to reach the bound for up
+// to WaitFor (500 ms by default, at most 3 s), else the read fails with a
+// *RetryableError of reason "position-not-reached". A topic that is not one
+// of the app's source topics with the table's partition count is a 400
+// (*Error).
+func AtLeast(ps ...Position) QueryOption {
+	return func(v url.Values) {
+		for _, p := range ps {
+			v.Add("position", p.String())
+		}
+	}
+}
+
+// WaitFor sets how long a read bound by AtLeast may wait for the bound
+// (?wait=; 0 to 3 s, the workers' default 500 ms).
+func WaitFor(d time.Duration) QueryOption {
+	return func(v url.Values) { v.Set("wait", d.String()) }
+}
+
+// MaxLag lets a copy other than the active answer when it is at most n
+// changelog records behind (?consistency=any&maxLag=n): a standby of the
+// worker asked, which then answers without a hop to the active.
+func MaxLag(n int64) QueryOption {
+	return func(v url.Values) {
+		v.Set("consistency", "any")
+		v.Set("maxLag", strconv.FormatInt(n, 10))
+	}
 }
 
 // Query reads key in table. found is false, with a nil error, only when the
 // active (or the copy entitled to say so) answered that the key is absent.
-// Errors: *RetryableError (the key may exist: restoring, rebalancing,
-// not-owner, owner unreachable), *Error (bad request, unknown table), or a
-// transport error wrapped with the URL.
-func (c *Client) Query(ctx context.Context, table, key string) (value json.RawMessage, found bool, err error) {
+// Options bound the read (AtLeast, WaitFor, MaxLag). Errors: *RetryableError
+// (the key may exist: restoring, rebalancing, not-owner, owner unreachable,
+// position-not-reached), *Error (bad request, unknown table), or a transport
+// error wrapped with the URL.
+func (c *Client) Query(ctx context.Context, table, key string, opts ...QueryOption) (value json.RawMessage, found bool, err error) {
+	suffix := ""
+	if len(opts) > 0 {
+		q := url.Values{}
+		for _, o := range opts {
+			o(q)
+		}
+		suffix = "?" + q.Encode()
+	}
+	a, err := c.read(ctx, table, key, suffix)
+	switch {
+	case err != nil:
+		return nil, false, err
+	case a.Found:
+		return a.Value, true, nil
+	}
+	return nil, false, nil
+}
+
+// read sends GET /api/tables/{table}/{key}{suffix} to the key's owner (any
+// worker when unknown), once more to the owner of a refreshed map when the
+// owner does not answer, and returns a 200 answer or a 404 without a reason
+// (Found false); every other answer is an error (refusal).
+func (c *Client) read(ctx context.Context, table, key, suffix string) (answer, error) {
 	owner, err := c.Owner(ctx, table, key)
 	if err != nil {
-		return nil, false, err
+		return answer{}, err
 	}
 	if owner == "" {
 		owner = c.any()
 	}
-	path := "/api/tables/" + url.PathEscape(table) + "/" + url.PathEscape(key)
+	path := "/api/tables/" + url.PathEscape(table) + "/" + url.PathEscape(key) + suffix
 	a, resp, err := c.get(ctx, owner+path)
 	if err != nil && ctx.Err() == nil {
 		// The owner in the cache is gone (stopped, crashed): read the map
@@ -303,15 +411,16 @@ func (c *Client) Query(ctx context.Context, table, key string) (value json.RawMe
 		a, resp, err = c.get(ctx, next+path)
 	}
 	if err != nil {
-		return nil, false, err
+		return a, err
 	}
 	switch {
-	case resp.StatusCode == http.StatusOK && a.Found:
-		return a.Value, true, nil
+	case resp.StatusCode == http.StatusOK:
+		return a, nil
 	case resp.StatusCode == http.StatusNotFound && a.Reason == "":
-		return nil, false, nil
+		a.Found = false
+		return a, nil
 	}
-	return nil, false, c.refusal(resp, a)
+	return a, c.refusal(resp, a)
 }
 
 // get sends GET u and decodes the answer; an answer that shows the cache

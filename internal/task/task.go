@@ -102,6 +102,11 @@ type Task struct {
 	mu      sync.Mutex
 	sources []Source // guarded by mu
 	broken  error    // set by Abandon: no cycle runs again; guarded by mu
+	// drops counts the times the tables' caches were dropped (Abandon,
+	// Reset). It is raised before the caches go, so a reader that sees the
+	// same count before and after a read of the caches read no cache that
+	// a drop emptied in between (Drops). Guarded by mu.
+	drops uint64
 }
 
 func (t *Task) init() {
@@ -266,8 +271,23 @@ func (t *Task) Cycle(ctx context.Context, cut time.Duration) (Stats, error) {
 	return cycle(ctx, []*Task{t}, cut, commit, true)
 }
 
-// drop discards the tables' caches of the partition.
+// Drops returns how many times the task's table caches were dropped (an
+// abandoned cycle, a reset): the effects of the records processed since the
+// last cycle left the caches then, until the records are processed again.
+// A reader that takes Drops before and after reading the caches, and sees
+// the same count, read no cache emptied in between.
+func (t *Task) Drops() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.drops
+}
+
+// drop discards the tables' caches of the partition (drops is raised first,
+// see Drops).
 func (t *Task) drop() {
+	t.mu.Lock()
+	t.drops++
+	t.mu.Unlock()
 	for _, tb := range t.Tables {
 		tb.Drop(t.Partition)
 	}

@@ -63,6 +63,9 @@ type cluster struct {
 	root             string
 	protocolEnvEager bool
 	static           bool // each child's name is its group.instance.id (KIP-345)
+	// http is each child's HTTP address by name (PROCS_HTTP), none when
+	// absent.
+	http map[string]string
 }
 
 func (cl *cluster) start(name string) *child {
@@ -77,6 +80,9 @@ func (cl *cluster) start(name string) *child {
 		"PROCS_TOPIC="+cl.topic, "PROCS_DIR="+filepath.Join(cl.root, name), "PROCS_EAGER="+eager)
 	if cl.static {
 		c.cmd.Env = append(c.cmd.Env, "PROCS_INSTANCE="+cl.app+"-"+name)
+	}
+	if addr := cl.http[name]; addr != "" {
+		c.cmd.Env = append(c.cmd.Env, "PROCS_HTTP="+addr)
 	}
 	c.cmd.Stderr = &prefixWriter{t: t, prefix: name}
 	out, err := c.cmd.StdoutPipe()

@@ -4,7 +4,8 @@
 // changes (including its restore counts). Environment: RUNNEL_BROKERS, PROCS_APP (app ID), PROCS_TOPIC
 // (topic name), PROCS_DIR (data dir), PROCS_EAGER=1 for the eager protocol,
 // PROCS_INSTANCE for static membership (app.WithInstanceID), PROCS_FILL=1 for
-// a second table holding each key's last value.
+// a second table holding each key's last value, PROCS_HTTP for the worker's
+// HTTP address (table queries; none by default).
 package main
 
 import (
@@ -59,6 +60,9 @@ func run() error {
 		app.WithGroupTimeouts(3*time.Second, 100*time.Millisecond, 5*time.Second, 100*time.Millisecond),
 		app.WithCommitInterval(200 * time.Millisecond),
 		app.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()}))),
+	}
+	if addr := os.Getenv("PROCS_HTTP"); addr != "" {
+		opts = append(opts, app.WithHTTPAddr(addr))
 	}
 	if id := os.Getenv("PROCS_INSTANCE"); id != "" {
 		opts = append(opts, app.WithInstanceID(id))

@@ -1,0 +1,116 @@
+package table
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/runnel-dev/runnel/stores"
+)
+
+// WindowQuerier is a windowed table whose windows of a key can be listed
+// without an event (GET /api/tables/{table}/{key}/windows on a worker).
+// Windowed implements it.
+type WindowQuerier interface {
+	Def
+	// WindowKey encodes the table key named by s, as Queryable.QueryKey
+	// does: s itself for a string key, else s parsed as JSON. The key's
+	// partition is that of these bytes (the window is not part of it).
+	WindowKey(s string) ([]byte, error)
+	// QueryWindows lists the windows of the encoded key in partition p of
+	// st whose start is in [from, to], ascending by start, at most limit
+	// (more is set when further windows in the range were left out). It
+	// reads what a point read of the partition reads: the write cache, the
+	// cycle being flushed, then the store (only the store on a copy that is
+	// not active). Errors: the store's, a stored row that does not decode.
+	QueryWindows(st *State, p int32, key []byte, from, to time.Time, limit int) (rows []WindowRow, more bool, err error)
+	// WindowSpec describes the windows ("tumbling 1m0s").
+	WindowSpec() string
+}
+
+// WindowRow is one window of a key and its decoded value (QueryWindows).
+type WindowRow struct {
+	Window Window
+	Value  any
+}
+
+// WindowKey implements WindowQuerier.
+func (t *Windowed[K, V]) WindowKey(s string) ([]byte, error) { return queryKey(t.name, t.kc, s) }
+
+// QueryWindows implements WindowQuerier: one seek of the store to the key's
+// first window at or after from (stores.Seeker, else a full iteration of
+// the partition), then the partition's unapplied writes of the key laid
+// over it.
+func (t *Windowed[K, V]) QueryWindows(st *State, p int32, key []byte, from, to time.Time, limit int) ([]WindowRow, bool, error) {
+	if t.err != nil {
+		return nil, false, t.err
+	}
+	lo, hi := windowKey(key, from.UnixMilli()), windowKey(key, to.UnixMilli())
+	// rows: window start -> stored row (nil: deleted by an unapplied write).
+	rows := map[int64][]byte{}
+	mine := func(k []byte) (int64, bool) {
+		if bytes.Compare(k, lo) < 0 || bytes.Compare(k, hi) > 0 {
+			return 0, false
+		}
+		kb, start, ok := decodeWindowKey(k)
+		return start, ok && bytes.Equal(kb, key)
+	}
+	stop := errors.New("stop")
+	visit := func(k, v []byte) error {
+		if bytes.Compare(k, hi) > 0 {
+			return stop
+		}
+		if start, ok := mine(k); ok {
+			rows[start] = v
+		}
+		return nil
+	}
+	var err error
+	if sk, ok := st.store.(stores.Seeker); ok {
+		err = sk.IterateFrom(p, lo, visit)
+	} else {
+		err = st.store.Iterate(p, func(k, v []byte) error {
+			if bytes.Compare(k, lo) < 0 {
+				return nil
+			}
+			return visit(k, v)
+		})
+	}
+	if err != nil && !errors.Is(err, stop) {
+		return nil, false, fmt.Errorf("table %s[%d]: windows: %w", t.name, p, err)
+	}
+	st.eachUnapplied(p, func(k string, v []byte, deleted bool) {
+		if start, ok := mine([]byte(k)); ok {
+			if deleted {
+				v = nil
+			}
+			rows[start] = v
+		}
+	})
+	starts := make([]int64, 0, len(rows))
+	for s, v := range rows {
+		if v != nil {
+			starts = append(starts, s)
+		}
+	}
+	slices.Sort(starts)
+	more := false
+	if limit > 0 && len(starts) > limit {
+		starts, more = starts[:limit], true
+	}
+	out := make([]WindowRow, 0, len(starts))
+	for _, s := range starts {
+		_, vb, err := decodeRow(rows[s])
+		if err != nil {
+			return nil, false, fmt.Errorf("table %s[%d]: window %d: %w", t.name, p, s, err)
+		}
+		v, err := t.vc.Decode(vb)
+		if err != nil {
+			return nil, false, fmt.Errorf("table %s[%d]: window %d: decode value: %w", t.name, p, s, err)
+		}
+		out = append(out, WindowRow{Window: t.ws.window(s), Value: v})
+	}
+	return out, more, nil
+}
