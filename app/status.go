@@ -148,10 +148,14 @@ type Member struct {
 	ClientID   string `json:"client_id"`
 	ClientHost string `json:"client_host"`
 	// Partitions are the source partitions the member was assigned (topic ->
-	// partitions); URL is its HTTP address, when the assignment carries it.
+	// partitions); URL is its HTTP address: the one it published when it
+	// joined (assignor.MemberURL), else the assignment's address of the
+	// active of one of its partitions.
 	Partitions map[string][]int32 `json:"partitions"`
 	URL        string             `json:"url,omitempty"`
 	Self       bool               `json:"self"`
+
+	published string // the URL of the member's subscription (describeMembers)
 }
 
 // RestoreStatus is the latest progress report of an active restore of one

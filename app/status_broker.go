@@ -246,7 +246,8 @@ func (w *Worker) describeMembers() ([]Member, error) {
 			return nil, fmt.Errorf("describe group %s: %w", w.app.id, d.Err)
 		}
 		for id, md := range d.Members {
-			m := Member{MemberID: id, ClientID: md.ClientId, ClientHost: md.ClientHost, Partitions: map[string][]int32{}}
+			m := Member{MemberID: id, ClientID: md.ClientId, ClientHost: md.ClientHost, Partitions: map[string][]int32{},
+				published: assignor.MemberURL(md)}
 			if as, err := md.GetMemberAssignment(); err == nil && as != nil {
 				for t, ps := range as.Topics {
 					ps = slices.Clone(ps)
@@ -262,14 +263,18 @@ func (w *Worker) describeMembers() ([]Member, error) {
 }
 
 // membersAt returns the described members joined with assignment a: Self
-// marks this worker's member, URL is a member's HTTP address from a's URL
-// map (the address of the active of one of its partitions).
+// marks this worker's member, URL is a member's HTTP address: the one it
+// published in its subscription, else from a's URL map (the address of the
+// active of one of its partitions).
 func membersAt(described []Member, a assignor.Assignment) []Member {
 	out := make([]Member, 0, len(described))
 	for _, m := range described {
 		m.Self = m.MemberID == a.MemberID
-		m.URL = ""
+		m.URL = m.published
 		for _, t := range sortedKeys(m.Partitions) {
+			if m.URL != "" {
+				break
+			}
 			if ps := m.Partitions[t]; len(ps) > 0 && a.URLs[t] != nil && a.URLs[t][ps[0]] != "" {
 				m.URL = a.URLs[t][ps[0]]
 				break

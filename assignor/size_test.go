@@ -220,3 +220,25 @@ func TestMembersFromGroup(t *testing.T) {
 		}
 	}
 }
+
+// MemberURL reads the URL every member published, whether or not it holds
+// an active; a member of another assignor has none.
+func TestMemberURL(t *testing.T) {
+	_, members, _ := largeGroup(t, 16, 4, 1, 0)
+	n := 0
+	for id, m := range members {
+		sub, err := decodeSubscription(m.UserData)
+		if err != nil || sub.URL == "" {
+			t.Fatalf("member %s: subscription %+v, %v; want a URL", id, sub, err)
+		}
+		d := &sarama.GroupMemberDescription{MemberId: id, MemberMetadata: consumerProtocolSubscription(m.Topics, m.UserData)}
+		if got := MemberURL(d); got != sub.URL {
+			t.Fatalf("MemberURL(%s) = %q, want %q", id, got, sub.URL)
+		}
+		n++
+	}
+	foreign := &sarama.GroupMemberDescription{MemberId: "foreign", MemberMetadata: consumerProtocolSubscription([]string{"t"}, []byte{0, 1, 2})}
+	if got := MemberURL(foreign); got != "" || n == 0 || MemberURL(nil) != "" {
+		t.Fatalf("MemberURL(foreign) = %q over %d members, want \"\"", got, n)
+	}
+}

@@ -13,6 +13,26 @@ import (
 // describe the group again after the next OnAssignment.
 var ErrURLsStale = errors.New("runnel assignor: group description is mid-rebalance")
 
+// MemberURL returns the HTTP URL a member of the group published in its
+// subscription (the JoinGroup metadata this assignor writes,
+// Config.URL), from a DescribeGroups response's member; "" when it published
+// none or its metadata is not this assignor's. Unlike the partition -> URL
+// map it names members that hold no active (only standbys, or nothing).
+func MemberURL(m *sarama.GroupMemberDescription) string {
+	if m == nil {
+		return ""
+	}
+	meta, err := m.GetMemberMetadata()
+	if err != nil || meta == nil {
+		return ""
+	}
+	sub, err := decodeSubscription(meta.UserData)
+	if err != nil {
+		return ""
+	}
+	return sub.URL
+}
+
 // URLsFromGroup derives the partition -> URL map for interactive queries from
 // a DescribeGroups response (sarama ClusterAdmin.DescribeConsumerGroups) of
 // the group: every member's JoinGroup metadata carries its URL (subscription
