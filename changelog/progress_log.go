@@ -3,8 +3,8 @@ package changelog
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 )
@@ -146,7 +146,7 @@ func (l *ProgressLog) Log() {
 	if !ok {
 		return
 	}
-	attrs := []any{"tables", strings.Join(s.Tables, ","), "partitions_done", s.PartitionsDone, "partitions", s.Partitions,
+	attrs := []any{"tables", slices.Clone(s.Tables), "partitions_done", s.PartitionsDone, "partitions", s.Partitions,
 		"records", s.Records, "records_total", s.RecordsTotal}
 	if done {
 		l.Logger.Info("restore done", append(attrs, "elapsed", s.Elapsed.Round(time.Millisecond))...)

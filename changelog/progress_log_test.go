@@ -66,7 +66,7 @@ func TestProgressLogOneLine(t *testing.T) {
 	if len(got) != 1 {
 		t.Fatalf("%d lines, want 1: %v", len(got), got)
 	}
-	wantAttrs(t, got[0], map[string]any{"msg": "restore progress", "tables": "counts,totals", "partitions_done": 1, "partitions": 3,
+	wantAttrs(t, got[0], map[string]any{"msg": "restore progress", "tables": []string{"counts", "totals"}, "partitions_done": 1, "partitions": 3,
 		"records": 1500, "records_total": 3000})
 	if r, ok := got[0]["records_per_s"].(float64); !ok || r <= 0 {
 		t.Errorf("records_per_s = %v", got[0]["records_per_s"])
@@ -82,7 +82,7 @@ func TestProgressLogOneLine(t *testing.T) {
 	if len(got) != 1 {
 		t.Fatalf("%d lines, want 1: %v", len(got), got)
 	}
-	wantAttrs(t, got[0], map[string]any{"msg": "restore done", "tables": "counts,totals", "partitions_done": 3, "partitions": 3,
+	wantAttrs(t, got[0], map[string]any{"msg": "restore done", "tables": []string{"counts", "totals"}, "partitions_done": 3, "partitions": 3,
 		"records": 3000, "records_total": 3000})
 	if _, ok := got[0]["elapsed"]; !ok {
 		t.Errorf("no elapsed in %v", got[0])
@@ -111,7 +111,7 @@ func TestProgressLogOneLine(t *testing.T) {
 	if len(got) != 1 {
 		t.Fatalf("%d lines, want 1: %v", len(got), got)
 	}
-	wantAttrs(t, got[0], map[string]any{"msg": "restore progress", "tables": "totals", "partitions_done": 0, "partitions": 1, "records": 5, "records_total": 10})
+	wantAttrs(t, got[0], map[string]any{"msg": "restore progress", "tables": []string{"totals"}, "partitions_done": 0, "partitions": 1, "records": 5, "records_total": 10})
 }
 
 // TestProgressLogFromRestores: two real restores on the broker fed into one
