@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/runnel-dev/runnel/codec"
 	"github.com/runnel-dev/runnel/internal/kafka"
@@ -78,7 +79,7 @@ func (t *Topic[K, V]) CheckKey(b []byte) error {
 func (t *Topic[K, V]) DecodeKey(b []byte) (any, error) {
 	k, err := t.kc.Decode(b)
 	if err != nil {
-		return nil, fmt.Errorf("key codec %s: %w", t.kc.Name(), err)
+		return nil, codecError("key", t.kc.Name(), err)
 	}
 	return k, nil
 }
@@ -89,9 +90,19 @@ func (t *Topic[K, V]) DecodeKey(b []byte) (any, error) {
 func (t *Topic[K, V]) DecodeValue(b []byte) (any, error) {
 	v, err := t.vc.Decode(b)
 	if err != nil {
-		return nil, fmt.Errorf("value codec %s: %w", t.vc.Name(), err)
+		return nil, codecError("value", t.vc.Name(), err)
 	}
 	return v, nil
+}
+
+// codecError names the codec of a failed decode once: "value codec json:
+// …", whether or not the codec's own error already starts with "codec
+// json:" (Runnel's codecs do; a user's need not).
+func codecError(role, name string, err error) error {
+	if strings.HasPrefix(err.Error(), "codec "+name+":") {
+		return fmt.Errorf("%s %w", role, err)
+	}
+	return fmt.Errorf("%s codec %s: %w", role, name, err)
 }
 
 // Codecs returns the key and value codecs.

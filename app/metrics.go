@@ -77,6 +77,7 @@ type metrics struct {
 // txnMetrics are the ExactlyOnce transactions' collectors (txn.go).
 type txnMetrics struct {
 	commits, aborts, timedOut prometheus.Counter
+	resent                    prometheus.Counter // offset commits sent again under a new generation
 	seconds                   prometheus.Histogram
 	renewals                  *prometheus.CounterVec // by reason: fenced, timeout, failed
 }
@@ -89,12 +90,14 @@ func newTxnMetrics(reg *prometheus.Registry) txnMetrics {
 			Help: "ExactlyOnce: transactions aborted (every partition then restarts from its committed offsets)."}),
 		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "runnel_transaction_commit_seconds",
 			Help: "ExactlyOnce: time to add the offsets to a transaction and commit it.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		resent: prometheus.NewCounter(prometheus.CounterOpts{Name: "runnel_transaction_offset_commits_resent_total",
+			Help: "ExactlyOnce: offset commits the group coordinator refused for a generation the group had just left (a rebalance between a cycle's cut and its commit), sent again in the same transaction under the member's new generation instead of aborting it."}),
 		timedOut: prometheus.NewCounter(prometheus.CounterOpts{Name: "runnel_transactions_timed_out_total",
 			Help: "ExactlyOnce: transactions aborted after they were open at least the transaction timeout (the broker aborts them)."}),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "runnel_transactional_producer_renewals_total",
 			Help: "ExactlyOnce: transactional producers replaced by a new one with the same transactional ID (new epoch), by reason: fenced (another producer initialized the ID), timeout (the broker aborted a transaction open past its timeout), failed (an abort or begin that failed otherwise)."}, []string{"reason"}),
 	}
-	reg.MustRegister(t.commits, t.aborts, t.timedOut, t.seconds, t.renewals)
+	reg.MustRegister(t.commits, t.aborts, t.resent, t.timedOut, t.seconds, t.renewals)
 	return t
 }
 

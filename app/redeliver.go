@@ -644,6 +644,7 @@ type claimProducer struct {
 	// TaskStatus.Waiting; tests wait for them. Guarded by mu.
 	cacheWaiting  bool
 	windowWaiting bool
+	txnWaiting    bool // ExactlyOnce: waits for a transaction to open (handOut)
 
 	// retryAt is the offset of the record whose failure ended the previous
 	// incarnation, -1 none: the poll loop cycles the records before it,
@@ -871,7 +872,14 @@ func (c *claimProducer) emitBatch(ctx context.Context, msgs []*sarama.ConsumerMe
 		// ExactlyOnce: a batch is handed out only inside an open
 		// transaction and never while a cycle runs (txnCycles); one hold
 		// of the gate covers the registration of the whole batch.
+		closed := c.pt.w.txn != nil && !c.pt.w.txn.isOpen.Load()
+		if closed {
+			c.setTxnWaiting(true) // no transaction open: an abort's partitions are closing, or a begin failed
+		}
 		release, ok := c.pt.w.txn.handOut(ctx, c.stop)
+		if closed {
+			c.setTxnWaiting(false)
+		}
 		if !ok {
 			return nil // stopping: the batch is left to the next reader
 		}
@@ -963,6 +971,14 @@ func (c *claimProducer) awaitCacheRoom(ctx context.Context) bool {
 // its hard limit: nothing was handed out.
 var errCacheFull = errors.New("write cache at its hard limit")
 
+// setTxnWaiting records whether the poll loop waits for a transaction to
+// open (TaskStatus.Waiting).
+func (c *claimProducer) setTxnWaiting(on bool) {
+	c.mu.Lock()
+	c.txnWaiting = on
+	c.mu.Unlock()
+}
+
 // waitingFor names what holds the poll loop back from handing out records,
 // "" when nothing does (TaskStatus.Waiting): a write cache at its hard
 // limit, the cut window's unresolved records, or a cycle's cut (the source
@@ -975,6 +991,8 @@ func (c *claimProducer) waitingFor() string {
 		return WaitWriteCache
 	case c.windowWaiting:
 		return WaitWindow
+	case c.txnWaiting:
+		return WaitTransaction
 	case c.paused || (c.pt.w.txn != nil && c.pt.w.txn.gated.Load()):
 		return WaitCycle
 	}

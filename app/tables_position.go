@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -116,9 +117,19 @@ func parsePositionParams(q map[string][]string, qp *queryParams) error {
 // waited for by its own offset), every partition below parts. It returns
 // the entries for partition p, the only ones that bind a read of p: a
 // record of source partition q writes table partition q alone
-// (co-partitioning, table.ErrNotCoPartitioned).
+// (co-partitioning, table.ErrNotCoPartitioned). When agents declare that
+// they write the table (agent.WritesTo), the topic must be the source of
+// one of them: a source of the same task that reaches the table only
+// through a repartition topic (or not at all) would count as reached
+// before the record's effect is there.
 func (w *Worker) checkPosition(name string, parts int32, bounds []SourcePosition, p int32) ([]SourcePosition, error) {
 	var out []SourcePosition
+	writers := map[string]bool{} // source topics of the agents declared to write the table
+	for _, a := range w.graph.Agents {
+		if slices.Contains(a.Tables, name) {
+			writers[a.Source] = true
+		}
+	}
 	for _, b := range bounds {
 		t, ok := w.graph.Topic(b.Topic)
 		subscribed := false
@@ -127,6 +138,9 @@ func (w *Worker) checkPosition(name string, parts int32, bounds []SourcePosition
 		}
 		if !ok || !subscribed || t.Partitions != parts {
 			return nil, fmt.Errorf("position %s: %q is not a source topic of app %s with the %d partitions of table %s", b, b.Topic, w.app.id, parts, name)
+		}
+		if len(writers) > 0 && !writers[b.Topic] {
+			return nil, fmt.Errorf("position %s: no agent of %q writes table %s (agent.WritesTo): a bound is an offset of a topic whose agents write the table", b, b.Topic, name)
 		}
 		if b.Partition >= parts {
 			return nil, fmt.Errorf("position %s: partition %d out of [0, %d)", b, b.Partition, parts)
@@ -291,6 +305,9 @@ func awaitPosition(ctx context.Context, wait time.Duration, view func() (positio
 			}
 			if check(v) {
 				return v, true, nil
+			}
+			if !time.Now().Before(deadline) || ctx.Err() != nil {
+				return v, false, nil
 			}
 			continue
 		}

@@ -32,6 +32,7 @@ const rywSleep = 1500 * time.Millisecond
 type rywApp struct {
 	app       *app.App
 	in        *agent.Topic[string, string]
+	other     *agent.Topic[string, string] // a source of the same tasks whose agent writes no table
 	counts    *table.Table[string, int64]
 	perMinute *table.Windowed[string, int64]
 	addr      string
@@ -67,6 +68,12 @@ func newRYWApp(t *testing.T, id string) *rywApp {
 			if _, err := r.perMinute.Update(ev, ev.Key, func(c int64) int64 { return c + 1 }); err != nil {
 				return err
 			}
+		}
+		return s.Err()
+	}, agent.WritesTo(r.counts), agent.WritesTo(r.perMinute))
+	r.other = app.Topic(r.app, "other", codec.String(), codec.String(), app.Partitions(gparts))
+	agent.New(r.app, "ignore", r.other, func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for range s.Events() {
 		}
 		return s.Err()
 	})
@@ -274,6 +281,7 @@ func TestReadYourWrites(t *testing.T) {
 		{"position=" + topic + ":x:1", "partition"},
 		{"position=" + topic + ":0:-1", "offset"},
 		{"position=nope:0:1", "not a source topic"},
+		{"position=" + owner.r.other.Name() + ":0:1", "no agent of"},
 		{"position=" + topic + ":7:1", "out of [0, 3)"},
 		{bound + "&wait=10s", "want a duration"},
 		{bound + "&wait=soon", "want a duration"},

@@ -93,7 +93,9 @@ type TaskStatus struct {
 	// records, empty when nothing does: WaitWriteCache ("write_cache", a
 	// write cache at its hard limit, Config.WriteCacheLimit), WaitWindow
 	// ("window", the records a cut waits for are capped and a slow one is
-	// unresolved) or WaitCycle ("cycle", a commit cycle's cut pauses them).
+	// unresolved), WaitCycle ("cycle", a commit cycle's cut pauses them) or
+	// WaitTransaction ("transaction", exactly-once without an open
+	// transaction).
 	// A task that stays waiting is blocked: look at Postponed and the logs.
 	Waiting string `json:"waiting,omitempty"`
 }
@@ -110,6 +112,10 @@ const (
 	// WaitCycle: a commit cycle's cut pauses the sources (under
 	// ExactlyOnce, for the whole cycle).
 	WaitCycle = "cycle"
+	// WaitTransaction: under ExactlyOnce no transaction is open (an
+	// abort's partitions are still closing, or the next one could not
+	// begin: the producer is being renewed).
+	WaitTransaction = "transaction"
 )
 
 // taskRun is a running task: its commit-cycle loop and the claims using it.

@@ -75,7 +75,7 @@ type txnCycles struct {
 	// Guarded by mu.
 	handedAt map[*taskRun]int64
 	// gated is set while a cycle holds the gate (no source hands out a
-	// record meanwhile); tests wait for it.
+	// record meanwhile): TaskStatus.Waiting shows it as "cycle".
 	gated atomic.Bool
 }
 
@@ -555,23 +555,41 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 // assignment arrived (onAssignment, inside SyncGroup handling; it takes none
 // of the locks the cycle holds) and returns meta under the new generation.
 // KIP-447: the coordinator checks the member and its generation, not which
-// partitions it owns; under the cooperative protocol the partitions the new
-// assignment takes away stay this member's until it revokes them (their
-// final cycles commit again). It gives up, false, when no join of this
-// member is in progress (the member left the group: the commit must fail),
-// when ctx ends or at deadline (the transaction's timeout comes close).
+// partitions it owns, so this is safe only for the generation right after
+// the refused one: under the cooperative protocol the partitions that
+// generation takes away stay this member's until it revokes them (their
+// final cycles commit again), and a revoked claim cannot end, nor the
+// member send the JoinGroup of the generation after, before its final cycle
+// took txnCycles.mu, which this cycle holds (invariant: a claim's end waits
+// for x.mu without a timeout; revokeClaims' timeout leads to the member's
+// expulsion, which the retry meets as UNKNOWN_MEMBER_ID). Under the eager
+// protocol every claim ended before the JoinGroup, so no cycle is open then.
+// The member ID stays the one the commit was sent with: a member that
+// rejoined under another ID is refused again (UNKNOWN_MEMBER_ID) and the
+// transaction aborts. It gives up, false, when a later generation than the
+// next one is already known, when no join of this member is in progress
+// (the member left the group: the commit must fail), when ctx ends or at
+// deadline (the transaction's timeout comes close). Each commit sent again
+// is counted (runnel_transaction_offset_commits_resent_total).
 func (x *txnCycles) rejoined(meta *sarama.ConsumerGroupMetadata, deadline time.Time) kafka.Rejoined {
 	return func(ctx context.Context, refused int32) (*sarama.ConsumerGroupMetadata, bool) {
 		start := time.Now()
 		t := time.NewTicker(10 * time.Millisecond)
 		defer t.Stop()
 		for {
-			if g := x.gen.Load(); g > refused {
+			switch g := x.gen.Load(); {
+			case g == refused+1:
 				next := *meta
 				next.GenerationID = g
+				x.w.metrics.txn.resent.Inc()
 				x.w.log.Info("group rebalanced during a transaction's offset commit; committing under the new generation",
 					"refused_generation", refused, "generation", g, "waited", time.Since(start).Round(time.Millisecond))
 				return &next, true
+			case g > refused:
+				// More than one generation passed: one of them may have
+				// given a partition of this commit to another member
+				// (which the next-generation rule below excludes).
+				return nil, false
 			}
 			if !x.joining.Load() || !time.Now().Before(deadline) {
 				return nil, false

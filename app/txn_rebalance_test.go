@@ -122,7 +122,13 @@ func TestExactlyOnceRebalanceDoesNotAbort(t *testing.T) {
 	waitGroupLag0(t, running, client, id, fa.words.Name(), 120*time.Second)
 	aborts := fa.metric(t, "runnel_transactions_aborted_total")
 	commits := fa.metric(t, "runnel_transactions_committed_total")
-	t.Logf("%d records; worker A: %v commits, %v aborts", len(all), commits, aborts)
+	resent := fa.metric(t, "runnel_transaction_offset_commits_resent_total")
+	t.Logf("%d records; worker A: %v commits, %v aborts, %v offset commits sent again under a new generation", len(all), commits, aborts, resent)
+	if resent == 0 {
+		// The slowed SyncGroup and AddOffsetsToTxn make the window wide:
+		// without a refusal the test proves nothing.
+		t.Errorf("worker A sent no offset commit again under a new generation: the rebalances missed every cycle's commit")
+	}
 	if err := stopA(); err != nil {
 		t.Fatalf("worker A stopped with %v", err)
 	}

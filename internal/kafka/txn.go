@@ -217,8 +217,9 @@ func (p *Producer) Begin() error {
 // offset commit for generation refused (ILLEGAL_GENERATION or
 // REBALANCE_IN_PROGRESS: the group rebalanced since the metadata was
 // taken). It returns the member's metadata in a later generation once the
-// member has it, and false when there is none to wait for (the member left
-// the group) or it gave up. A refused TxnOffsetCommit wrote nothing, so the
+// member has it (the member ID must stay the one refused: a member that
+// rejoined under another ID is refused again), and false when there is none
+// to wait for (the member left the group) or it gave up. A refused TxnOffsetCommit wrote nothing, so the
 // same transaction commits the offsets again under the new generation.
 type Rejoined func(ctx context.Context, refused int32) (*sarama.ConsumerGroupMetadata, bool)
 
