@@ -331,6 +331,21 @@ func (x *txnCycles) renewLocked(cause error, age time.Duration) error {
 		if kafka.Permanent(err) || errors.Is(err, kafka.ErrRenewClosed) || kafka.Fenced(err) {
 			return fmt.Errorf("renew transactional producer %s: %w (after %w)", id, err, cause)
 		}
+		if reason == "fenced" {
+			// After a fence, a renewal that failed for its whole budget
+			// (CONCURRENT_TRANSACTIONS again and again: another producer
+			// keeps initializing the ID) counts as one more fence, so that
+			// a live zombie cannot hold the worker in this loop for ever
+			// (TestExactlyOnceStopsWhenTransactionalIDInUse ran 60 s under
+			// load without stopping). A broker that is down after a fence
+			// stops the worker only after maxFences whole budgets.
+			x.fences++
+			if x.fences >= maxFences {
+				w.log.Error("the transactional producer could not be renewed after a fence: another live process keeps using this data dir's process ID; stopping the worker",
+					"transactional_id", id, "rule", zombieRule, "fences", x.fences+1, "err", err)
+				return fmt.Errorf("%w: %s (%s): %w (after %w)", ErrTransactionalIDInUse, id, zombieRule, err, cause)
+			}
+		}
 		select {
 		case <-w.runDone:
 			return fmt.Errorf("renew transactional producer %s: worker stopping: %w (after %w)", id, err, cause)

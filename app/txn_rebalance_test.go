@@ -24,8 +24,9 @@ import (
 // instead and commits under the new generation (KIP-447).
 //
 // Worker A runs under a steady input with 100 ms cycles while worker B
-// joins and leaves twice (cooperative rebalances): A aborts no
-// transaction, and the table and the sink are exact.
+// joins and leaves twice (cooperative rebalances): A sends refused commits
+// again, aborts at most one transaction (see below), and the table and the
+// sink are exact.
 func TestExactlyOnceRebalanceDoesNotAbort(t *testing.T) {
 	if testbroker.Real() {
 		t.Skip("slows the group's SyncGroup through kfake's control functions")
@@ -132,8 +133,14 @@ func TestExactlyOnceRebalanceDoesNotAbort(t *testing.T) {
 	if err := stopA(); err != nil {
 		t.Fatalf("worker A stopped with %v", err)
 	}
-	if aborts != 0 {
-		t.Errorf("worker A aborted %v transactions through two rebalances, want 0", aborts)
+	// One abort is allowed: when a member's SyncGroup is superseded by the
+	// next join (the slowed SyncGroup makes that likely here), its next
+	// assignment is two generations on, and a commit refused meanwhile is
+	// not sent again (a skipped generation may have given one of its
+	// partitions to another member: txnCycles.rejoined). Without resending,
+	// every rebalance aborts (3 or more here).
+	if aborts > 1 {
+		t.Errorf("worker A aborted %v transactions through two joins and leaves, want at most 1", aborts)
 	}
 	wantCounts(t, storeTable(t, dirA, "counts"), want)
 	wantSinkExact(t, readCommittedValues(t, brokers, fa.out.Name()), all)
