@@ -125,9 +125,11 @@ func parsePositionParams(q map[string][]string, qp *queryParams) error {
 func (w *Worker) checkPosition(name string, parts int32, bounds []SourcePosition, p int32) ([]SourcePosition, error) {
 	var out []SourcePosition
 	writers := map[string]bool{} // source topics of the agents declared to write the table
-	for _, a := range w.graph.Agents {
-		if slices.Contains(a.Tables, name) {
-			writers[a.Source] = true
+	if w.graph != nil {
+		for _, a := range w.graph.Agents {
+			if slices.Contains(a.Tables, name) {
+				writers[a.Source] = true
+			}
 		}
 	}
 	for _, b := range bounds {
