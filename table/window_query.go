@@ -39,17 +39,16 @@ type WindowRow struct {
 // WindowKey implements WindowQuerier.
 func (t *Windowed[K, V]) WindowKey(s string) ([]byte, error) { return queryKey(t.name, t.kc, s) }
 
-// QueryWindows implements WindowQuerier: one seek of the store to the key's
-// first window at or after from (stores.Seeker, else a full iteration of
-// the partition), then the partition's unapplied writes of the key laid
-// over it.
+// QueryWindows implements WindowQuerier: the partition's unapplied writes of
+// the key, then one seek of the store to the key's first window at or after
+// from (stores.Seeker, else a full iteration of the partition) that reads no
+// more of the key's windows than limit needs, with the unapplied writes
+// laid over them.
 func (t *Windowed[K, V]) QueryWindows(st *State, p int32, key []byte, from, to time.Time, limit int) ([]WindowRow, bool, error) {
 	if t.err != nil {
 		return nil, false, t.err
 	}
 	lo, hi := windowKey(key, from.UnixMilli()), windowKey(key, to.UnixMilli())
-	// rows: window start -> stored row (nil: deleted by an unapplied write).
-	rows := map[int64][]byte{}
 	mine := func(k []byte) (int64, bool) {
 		if bytes.Compare(k, lo) < 0 || bytes.Compare(k, hi) > 0 {
 			return 0, false
@@ -57,6 +56,26 @@ func (t *Windowed[K, V]) QueryWindows(st *State, p int32, key []byte, from, to t
 		kb, start, ok := decodeWindowKey(k)
 		return start, ok && bytes.Equal(kb, key)
 	}
+	// The partition's unapplied writes of the key first (they win over the
+	// store), then the store, which stops after limit+1+deleted rows of the
+	// key: a stored row beyond those has at least limit+1 surviving rows
+	// before it (at most deleted of them are deleted by unapplied writes),
+	// so it is neither among the first limit nor needed to know there are
+	// more. Without the stop a key with many windows in the range (a long
+	// retention of short windows) was read whole for every request.
+	pending := map[int64][]byte{} // window start -> unapplied row (nil: deleted)
+	deleted := 0
+	st.eachUnapplied(p, func(k string, v []byte, del bool) {
+		if start, ok := mine([]byte(k)); ok {
+			if del {
+				v = nil
+				deleted++
+			}
+			pending[start] = v
+		}
+	})
+	rows := map[int64][]byte{} // window start -> row (nil: deleted)
+	seen := 0
 	stop := errors.New("stop")
 	visit := func(k, v []byte) error {
 		if bytes.Compare(k, hi) > 0 {
@@ -64,6 +83,9 @@ func (t *Windowed[K, V]) QueryWindows(st *State, p int32, key []byte, from, to t
 		}
 		if start, ok := mine(k); ok {
 			rows[start] = v
+			if seen++; limit > 0 && seen >= limit+1+deleted {
+				return stop
+			}
 		}
 		return nil
 	}
@@ -81,14 +103,9 @@ func (t *Windowed[K, V]) QueryWindows(st *State, p int32, key []byte, from, to t
 	if err != nil && !errors.Is(err, stop) {
 		return nil, false, fmt.Errorf("table %s[%d]: windows: %w", t.name, p, err)
 	}
-	st.eachUnapplied(p, func(k string, v []byte, deleted bool) {
-		if start, ok := mine([]byte(k)); ok {
-			if deleted {
-				v = nil
-			}
-			rows[start] = v
-		}
-	})
+	for start, v := range pending {
+		rows[start] = v
+	}
 	starts := make([]int64, 0, len(rows))
 	for s, v := range rows {
 		if v != nil {
