@@ -187,6 +187,12 @@ func TestSendTwoInputsWithTimestamps(t *testing.T) {
 	a := newJoinApp(t, id, app.WithTopicPrefix(id+"-"))
 	cust := writeInput(t, "customers.jsonl", customerLines)
 	ords := writeInput(t, "orders.jsonl", orderLines)
+	// The orders carry timestamps of 2024: on real Kafka a topic with the
+	// default time retention (checked every second in scripts/kafka)
+	// deletes them before the test reads them back.
+	for _, topic := range []string{id + "-customers", id + "-orders"} {
+		testbroker.CreateTopic(t, brokers, topic, 4, map[string]string{"retention.ms": "-1"})
+	}
 	cmd := a.Command()
 	var errOut bytes.Buffer
 	cmd.SetOut(&bytes.Buffer{})

@@ -87,10 +87,20 @@ func readAll(t *testing.T, client sarama.Client, topic string) map[int32][]*sara
 		if err != nil {
 			t.Fatal(err)
 		}
-		for m := range pc.Messages() {
-			out[p] = append(out[p], m)
-			if m.Offset >= hw-1 {
-				break
+	read:
+		for {
+			select {
+			case m := <-pc.Messages():
+				out[p] = append(out[p], m)
+				if m.Offset >= hw-1 {
+					break read
+				}
+			case <-time.After(30 * time.Second):
+				// Records deleted meanwhile (retention) never come: fail
+				// rather than wait for the test binary's timeout.
+				start, _ := client.GetOffset(topic, p, sarama.OffsetOldest)
+				pc.Close()
+				t.Fatalf("read %s[%d]: %d records in 30 s, highwater %d, log start %d", topic, p, len(out[p]), hw, start)
 			}
 		}
 		pc.Close()
