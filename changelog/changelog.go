@@ -712,6 +712,19 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 		}
 		b.Offset = offset
 	}
+	// passed raises the epoch mark to a record's writer epoch once the
+	// checkpoint moves past the record (applied, or skipped by a restore).
+	// Invariant: the stored epoch mark covers only records at or below the
+	// stored checkpoint. A standby's held-back records must not raise it:
+	// a later read from the checkpoint (the next standby, a restore) would
+	// take the records between the checkpoint and them, of an older epoch,
+	// for a stale writer's and fence them, although the group may have
+	// committed them (a chaos run lost them so: TestHeldBackEpochDoesNotFenceCommittedRecords).
+	passed := func(stamp *Stamp) {
+		if stamp != nil && stamp.Epoch > 0 {
+			raise(EpochMark, stamp.Epoch)
+		}
+	}
 	add := func(key, value []byte, offset int64, stamp *Stamp) {
 		put(key, value, offset)
 		if stamp != nil {
@@ -719,17 +732,21 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 				raise(src.MarkKey(), src.Offset)
 			}
 		}
+		passed(stamp)
 	}
-	// fenced reports whether a record's writer epoch is below one already
-	// applied (a stale owner's late write), and raises the epoch mark.
+	// seenEpoch is the highest writer epoch of the records read so far, in
+	// offset order (held back or not), from the stored mark on.
+	seenEpoch := marks[EpochMark]
+	// fenced reports whether a record's writer epoch is below one read
+	// before it (a stale owner's late write), and raises seenEpoch.
 	fenced := func(stamp *Stamp) bool {
 		if stamp == nil || stamp.Epoch == 0 {
 			return false // written before epochs existed
 		}
-		if cur, ok := marks[EpochMark]; ok && stamp.Epoch < cur {
+		if stamp.Epoch < seenEpoch {
 			return true
 		}
-		raise(EpochMark, stamp.Epoch)
+		seenEpoch = stamp.Epoch
 		return false
 	}
 	stampOf := func(hs []*sarama.RecordHeader) *Stamp {
@@ -767,6 +784,7 @@ func (r *Restorer) consume(ctx context.Context, topic string, p int32, st stores
 		}
 		skipped++
 		b.Offset = offset
+		passed(stamp)
 		if stamp.HasBefore && !reverted[string(key)] {
 			// Put the key back to its committed value: compaction may
 			// have removed the record that wrote it.

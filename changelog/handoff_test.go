@@ -156,3 +156,65 @@ func TestPromoteDeclines(t *testing.T) {
 		t.Fatalf("promote after the follower ended: %v, want ErrNotPromoted", err)
 	}
 }
+
+// TestHeldBackEpochDoesNotFenceCommittedRecords: the loss of a chaos run on
+// Kafka 4.4 (at-least-once, 7 December 2026: lines-per-actor 48 and 281
+// below exact on two keys). A standby's view of the committed offsets lags
+// (it refreshes them every so often, and a refresh can fail), so it holds
+// back the records of a cycle the group did commit (epoch 2) and, behind
+// them, those of a later owner's cycle that was never committed (epoch 3).
+// The standby's read raised the store's epoch mark to 3 for the records it
+// held back and wrote it with the next batch while the checkpoint stayed
+// before them. Stopped and started again (the next assignment), the standby
+// read the epoch-2 records from its checkpoint as a stale writer's
+// (2 < 3), fenced them and moved its checkpoint past them; promoted, the
+// store lacked their effects while the claim started after their source
+// offsets. The epoch mark may only cover records at or below the
+// checkpoint: here b must be 1 after the promotion, as a Restore of a fresh
+// store under the same offsets makes it.
+func TestHeldBackEpochDoesNotFenceCommittedRecords(t *testing.T) {
+	e := newEnv(t)
+	topic := e.topic("cl", nil)
+	e.produce(topic,
+		rec{key: "a", value: "1", stamp: cycle(1, 0, "", true)}, // committed (source offset 0)
+		rec{key: "b", value: "1", stamp: cycle(2, 1, "", true)}, // epoch 2's cycle: committed by the group
+		rec{key: "c", value: "1", stamp: cycle(3, 2, "", true)}) // epoch 3's cycle: never committed
+	stale := committed(map[int32]int64{0: 1}) // the standby's view: only source offset 0
+	st := stores.NewMemory()
+	fl := follow(t, e, topic, st, stale)
+	waitFor(t, func() bool { r, ok := fl.h.Received(); off, _ := st.Offset(0); return ok && r == 2 && off == 0 })
+	// Let the standby write a batch while it holds offsets 1 and 2 back (its
+	// idle timer flushes), then stop it, as a new assignment does.
+	time.Sleep(500 * time.Millisecond)
+	fl.stop()
+	<-fl.ended
+	if off, _ := st.Offset(0); off != 0 {
+		t.Fatalf("checkpoint %d after the first standby, want 0 (offsets 1 and 2 held back)", off)
+	}
+	marks, err := st.Marks(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := marks[changelog.EpochMark]; m != 1 {
+		t.Fatalf("epoch mark %d with the checkpoint at 0, want 1: the mark covers records the store does not hold", m)
+	}
+
+	// The next standby, with the same stale view, then promoted with the
+	// group's offsets at the hand-over: 2 (epoch 2's cycle committed).
+	fl2 := follow(t, e, topic, st, stale)
+	waitFor(t, func() bool { r, ok := fl2.h.Received(); return ok && r == 2 })
+	atHandover := committed(map[int32]int64{0: 2})
+	if _, err := promote(t, fl2, atHandover); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-fl2.errc; err != nil {
+		t.Fatalf("follow after promotion: %v", err)
+	}
+	wantMap(t, dump(t, st), map[string]string{"a": "1", "b": "1"})
+
+	fresh := stores.NewMemory()
+	restore(t, e, topic, fresh, changelog.SkipUncommitted(atHandover))
+	wantMap(t, dump(t, fresh), dump(t, st))
+	wantMarks(t, st, map[string]int64{"src/0": 1, changelog.EpochMark: 3})
+	wantMarks(t, fresh, map[string]int64{"src/0": 1, changelog.EpochMark: 3})
+}
