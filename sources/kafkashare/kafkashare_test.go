@@ -303,3 +303,58 @@ func TestShareGroupsDisabled(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// Lanes: with LanePerRecord a record resolved while an earlier one of its
+// partition is still open is accepted at once; with LanePerPartition it
+// waits for the earlier one.
+func TestLanes(t *testing.T) {
+	brokers := testbroker.Brokers(t)
+	for _, tc := range []struct {
+		lane         Lane
+		acceptedHeld int64 // accepted while the first record is held
+	}{{LanePerRecord, 1}, {LanePerPartition, 0}} {
+		topic, group := newTopic(t, brokers)
+		produce(t, brokers, topic, "held", "quick")
+		m, err := source.NewManager(source.Config{Logger: quiet(), Overflow: source.Backpressure})
+		if err != nil {
+			t.Fatal(err)
+		}
+		built := make(chan *Producer, 1)
+		factory := func(ctx context.Context) (source.Producer, error) {
+			p, err := New(ctx, Config{Brokers: brokers, Group: group, Topics: []string{topic}, AutoOffsetReset: "earliest", Lane: tc.lane, Logger: quiet()})
+			if err != nil {
+				return nil, err
+			}
+			built <- p
+			return p, nil
+		}
+		holder, err := m.Subscribe("k", "holder", factory)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), testbroker.WaitTimeout)
+		d, err := holder.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, ok := d.Bind() // "held" stays unresolved until tok is confirmed
+		if string(d.Record.Value) != "held" || !ok {
+			t.Fatalf("lane %d: first record %q (bound %v)", tc.lane, d.Record.Value, ok)
+		}
+		if d, err = holder.Next(ctx); err != nil || string(d.Record.Value) != "quick" {
+			t.Fatalf("lane %d: second record %v, %v", tc.lane, d, err)
+		}
+		go func() { _, _ = holder.Next(ctx) }() // resolves "quick"
+		p := <-built
+		if tc.acceptedHeld > 0 {
+			testbroker.Eventually(t, testbroker.WaitTimeout, "quick accepted", func() bool { return p.Stats().Accepted == 1 })
+		}
+		if got := p.Stats().Accepted; got != tc.acceptedHeld {
+			t.Fatalf("lane %d: %d accepted while the first record is held, want %d", tc.lane, got, tc.acceptedHeld)
+		}
+		tok.Confirm()
+		testbroker.Eventually(t, testbroker.WaitTimeout, "both accepted", func() bool { return p.Stats().Accepted == 2 })
+		cancel()
+		m.StopAll()
+	}
+}
