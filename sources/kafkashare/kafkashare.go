@@ -109,8 +109,11 @@ type Config struct {
 	// default "<Group>-<subscriber>-dlq". The topic is created with one
 	// partition and retention.ms=-1 when it is missing.
 	DeadLetterTopic func(subscriber string) string
-	// ClientOpts are extra franz-go options for the share consumer's client
-	// (ShareMaxRecords, timeouts, TLS, SASL, ...).
+	// ClientOpts are extra franz-go options for the share consumer's client,
+	// which also writes the dead letters (ShareMaxRecords, timeouts, TLS,
+	// SASL, ...). Those that are neither group nor consumer options (TLS,
+	// SASL, dialer, timeouts) also configure the short-lived client that
+	// checks the cluster and sets AutoOffsetReset at start.
 	ClientOpts []kgo.Opt
 	// Logger receives dead letters, release and acknowledgement errors;
 	// default slog.Default().
