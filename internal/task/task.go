@@ -163,8 +163,16 @@ func (t *Task) Err() error {
 	return t.broken
 }
 
-// Add adds a source (a claim of a co-partitioned topic started).
+// Add adds a source (a claim of a co-partitioned topic started); it waits for
+// a cycle in progress. Invariant: a cycle's cut holds effects only of the
+// sources it paused, awaited, stamps and commits (the sources when it
+// began), so a source must not hand out a record while a cycle that did not
+// pause it runs: its effects would be cut with a stamp that does not name it
+// and be taken as committed by a restore while its offset is not
+// (TestSourceAddedDuringCycleWaitsForIt).
 func (t *Task) Add(s Source) {
+	_ = t.lock(context.Background())
+	defer t.unlock()
 	t.mu.Lock()
 	t.sources = append(t.sources, s)
 	t.mu.Unlock()

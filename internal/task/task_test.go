@@ -26,6 +26,7 @@ type source struct {
 	committed int64
 	failed    bool
 	part      int32
+	topic     string // "in" when empty
 }
 
 func newSource() *source {
@@ -34,7 +35,12 @@ func newSource() *source {
 	return s
 }
 
-func (s *source) Topic() string    { return "in" }
+func (s *source) Topic() string {
+	if s.topic != "" {
+		return s.topic
+	}
+	return "in"
+}
 func (s *source) Partition() int32 { return s.part }
 func (s *source) Pause() int64 {
 	s.mu.Lock()
@@ -330,4 +336,58 @@ func TestOverLimit(t *testing.T) {
 	if got := tk.OverLimit(); got != "" {
 		t.Fatalf("no limit: over %q", got)
 	}
+}
+
+// A source added while a cycle runs (the second co-partitioned claim of a
+// task starting during the task's first cycle) waits for the cycle to end
+// before it hands out a record: the cycle's cut must not hold effects of a
+// source it did not pause, whose offsets it neither awaits nor commits and
+// which its changelog stamp does not name. A chaos run on Kafka 4.4 double
+// counted so: a first-record cycle stamped with one source cut the effects
+// of the repartition claim added during it; a restore took them as
+// committed while the group's offset of the repartition partition stayed
+// behind them, and they were counted again.
+func TestSourceAddedDuringCycleWaitsForIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tk, src, counts, ev, _, log, order := setup(t)
+		src.hand()
+		inc(t, counts, ev, "a")
+		done := make(chan error, 1)
+		go func() { _, err := tk.Cycle(context.Background(), 5*time.Second); done <- err }()
+		synctest.Wait() // the cycle paused src and awaits record 0
+		second := newSource()
+		second.topic = "repartition"
+		added := make(chan struct{})
+		go func() {
+			tk.Add(second)
+			close(added)
+			second.hand()
+			inc(t, counts, ev, "b")
+			second.resolve(1)
+		}()
+		synctest.Wait()
+		select {
+		case <-added:
+			t.Fatal("a source was added while a cycle was cutting")
+		default:
+		}
+		src.resolve(1)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		<-added
+		synctest.Wait()
+		if len(log.recs) != 1 || log.recs[0] != "a=1" {
+			t.Fatalf("first cycle wrote %v, want only a=1 (b is the added source's)", log.recs)
+		}
+		if _, err := tk.Cycle(context.Background(), 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if len(log.recs) != 2 || log.recs[1] != "b=1" {
+			t.Fatalf("changelog %v, want b=1 in the second cycle", log.recs)
+		}
+		if want := "commit([{in 0 1} {repartition 0 1}], store a=1)"; len(*order) != 2 || (*order)[1] != want {
+			t.Fatalf("commits %v, want the second %q", *order, want)
+		}
+	})
 }
