@@ -38,15 +38,15 @@ func TestLatencyTable(t *testing.T) {
 	h := &harness{cfg: config{workloads: []string{"latency"}}}
 	sel := []*system{{name: "runnel"}, {name: "goka"}}
 	results := []result{
-		{System: "runnel", Workload: "latency", Round: 1, Level: "50%", InRate: 1000, P50: 1, P99: 5, P999: 9, MaxMS: 20, Load: 2},
-		{System: "runnel", Workload: "latency", Round: 2, Level: "50%", InRate: 1200, P50: 3, P99: 7, P999: 11, MaxMS: 12, Load: 4},
+		{System: "runnel", Workload: "latency", Round: 1, Level: "50%", InRate: 1000, SentRate: 1000, CapFrac: 0.5, P50: 1, P99: 5, P999: 9, MaxMS: 20, Load: 2},
+		{System: "runnel", Workload: "latency", Round: 2, Level: "50%", InRate: 1200, SentRate: 1000, CapFrac: 0.5, P50: 3, P99: 7, P999: 11, MaxMS: 12, Load: 4},
 		{System: "goka", Workload: "latency", Round: 1, Level: "50%", Failure: "lost"},
 	}
 	rep := newReport(h, sel, results, nil, 0)
 	lt := rep.latencyTable()
 	for _, want := range []string{
-		"| latency | runnel | 50% | 1100 | 2 | 2.0 | 6.0 | 10.0 | 20.0 | 0 | 0 | 2.0–4.0 |",
-		"| latency | goka | 50% | | 1 | **FAILURE** (1 of 1) |",
+		"| latency | runnel | 50% | 1100 (**1000**) | 50% | 2 | 2.0 | 6.0 | 10.0 | 20.0 | 0 | 0 | 2.0–4.0 |",
+		"| latency | goka | 50% | | | 1 | **FAILURE** (1 of 1) |",
 	} {
 		if !strings.Contains(lt, want) {
 			t.Errorf("latency table lacks %q:\n%s", want, lt)

@@ -42,13 +42,18 @@ type result struct {
 	// the percentiles in ms of the time from a record's produce to its
 	// derived record's arrival at a read_committed reader, over Samples
 	// records (Doubles: records whose output arrived more than once).
-	Level   string  `json:"level,omitempty"`
-	InRate  float64 `json:"in_rate,omitempty"`
-	P50     float64 `json:"p50_ms,omitempty"`
-	P99     float64 `json:"p99_ms,omitempty"`
-	P999    float64 `json:"p999_ms,omitempty"`
-	MaxMS   float64 `json:"max_ms,omitempty"`
-	Samples int     `json:"samples,omitempty"`
+	Level  string  `json:"level,omitempty"`
+	InRate float64 `json:"in_rate,omitempty"`
+	// SentRate: records/s the harness actually produced at (below InRate
+	// when its producer fell behind); CapFrac: InRate over the system's
+	// stateless rate in this run (0: not measured).
+	SentRate float64 `json:"sent_rate,omitempty"`
+	CapFrac  float64 `json:"capacity_fraction,omitempty"`
+	P50      float64 `json:"p50_ms,omitempty"`
+	P99      float64 `json:"p99_ms,omitempty"`
+	P999     float64 `json:"p999_ms,omitempty"`
+	MaxMS    float64 `json:"max_ms,omitempty"`
+	Samples  int     `json:"samples,omitempty"`
 	// Load and LoadEnd: the machine's 1-minute load average at the run's
 	// start and end.
 	Load    float64 `json:"load,omitempty"`
