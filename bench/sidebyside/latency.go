@@ -319,6 +319,12 @@ func (h *harness) runLatency(s *system, wl string, round int) []result {
 	if err := r.b.createTopic(r.output, h.cfg.partitions); err != nil {
 		return failAll(err)
 	}
+	// No records go in before the worker starts, so nothing else makes sure
+	// the broker's metadata has the topics: Goka on Kafka 4.4 exited with
+	// "requested topic was not found" when started right after the create.
+	if err := r.b.awaitTopics(h.cfg.timeout, r.input, r.output); err != nil {
+		return failAll(err)
+	}
 	lr, err := newLatReader(r.b.addrs, r.output, len(levels))
 	if err != nil {
 		return failAll(err)

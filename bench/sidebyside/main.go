@@ -330,8 +330,12 @@ func (r result) short() string {
 		s += fmt.Sprintf(" (first output after %.2f s, then %.0f records/s)", r.FirstOut, r.Rate)
 	}
 	if r.Level != "" {
-		s = fmt.Sprintf("%s at %.0f records/s (%.0f sent/s, %.0f%% of its stateless rate): p50 %.1f ms, p99 %.1f ms, p99.9 %.1f ms, max %.1f ms over %d records (%d output twice)",
-			r.Level, r.InRate, r.SentRate, 100*r.CapFrac, r.P50, r.P99, r.P999, r.MaxMS, r.Samples, r.Doubles)
+		frac := ""
+		if r.CapFrac > 0 {
+			frac = fmt.Sprintf(", %.0f%% of its stateless rate", 100*r.CapFrac)
+		}
+		s = fmt.Sprintf("%s at %.0f records/s (%.0f sent/s%s): p50 %.1f ms, p99 %.1f ms, p99.9 %.1f ms, max %.1f ms over %d records (%d output twice)",
+			r.Level, r.InRate, r.SentRate, frac, r.P50, r.P99, r.P999, r.MaxMS, r.Samples, r.Doubles)
 	}
 	if r.CPU > 0 {
 		s += fmt.Sprintf(", cpu %.1f s, rss %.0f MB", r.CPU, r.RSSMB)
