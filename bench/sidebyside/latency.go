@@ -369,8 +369,8 @@ func (h *harness) runLatency(s *system, wl string, round int) []result {
 	exited := anyExited(cs...)
 
 	// Warm-up: the lowest level's rate (at most 1000/s) until the first
-	// output and then the warm-up time (at least one commit interval, for
-	// exactly-once); with two workers, also until they form a stable group
+	// output and then the warm-up time (under exactly-once at least one
+	// commit interval); with two workers, also until they form a stable group
 	// in which both hold partitions.
 	warmRate := math.Min(levels[0].rate, 1000)
 	stopWarm := make(chan struct{})
@@ -392,8 +392,13 @@ func (h *harness) runLatency(s *system, wl string, round int) []result {
 				return err
 			}
 		}
+		warm := h.cfg.latencyWarmup
+		if s.eos {
+			// Its output shows at commits: at least one after the first.
+			warm = max(warm, h.commitOf(s))
+		}
 		select {
-		case <-time.After(max(h.cfg.latencyWarmup, h.commitOf(s))):
+		case <-time.After(warm):
 		case <-exited:
 			return fmt.Errorf("a worker exited in the warm-up (logs in %s)", r.dir)
 		}
