@@ -70,6 +70,40 @@ func (b *broker) Close() {
 	}
 }
 
+// awaitTopics waits until the broker's metadata lists every topic with its
+// partitions' leaders, polling every 50 ms, for at most timeout.
+func (b *broker) awaitTopics(timeout time.Duration, topics ...string) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := b.sc.RefreshMetadata(topics...)
+		if err == nil {
+			for _, t := range topics {
+				ps, perr := b.sc.Partitions(t)
+				if perr != nil || len(ps) == 0 {
+					err = fmt.Errorf("topic %s: %d partitions (%v)", t, len(ps), perr)
+					break
+				}
+				for _, p := range ps {
+					if _, lerr := b.sc.Leader(t, p); lerr != nil {
+						err = fmt.Errorf("topic %s partition %d: no leader: %w", t, p, lerr)
+						break
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
+		}
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("topics %v not in the broker's metadata after %s: %w", topics, timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // createTopic creates a topic of partitions partitions (replication 1).
 func (b *broker) createTopic(name string, partitions int) error {
 	err := b.admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: int32(partitions), ReplicationFactor: 1}, false)

@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -50,6 +51,14 @@ type config struct {
 	// profileSystem is the system profiled (default runnel; the Sarama
 	// loops write CPU profiles too, to compare where the time goes).
 	profileSystem string
+	// The latency workloads: input rates given in records/s, or else as
+	// fractions of each system's capacity (latencyLoad); each level lasts
+	// latencyDuration after a warm-up of latencyWarmup (at least the
+	// system's commit interval).
+	latencyRates    []float64
+	latencyLoad     []float64
+	latencyDuration time.Duration
+	latencyWarmup   time.Duration
 }
 
 // harness holds what every run shares.
@@ -64,6 +73,9 @@ type harness struct {
 	distinct *dataset
 	shared   *broker // real Kafka; nil with kfake (a fresh broker per run)
 	seq      int
+	// capacity is each system's stateless rate (records/s) per round so
+	// far: the latency workloads' levels are fractions of it.
+	capacity map[string][]float64
 }
 
 func (h *harness) logf(format string, args ...any) {
@@ -104,6 +116,10 @@ func realMain() error {
 	flag.StringVar(&cfg.results, "results", "", "results directory (default bench/results/<broker>, quick: a temp dir)")
 	flag.StringVar(&cfg.doc, "doc", "docs/benchmarks.md", "markdown file whose results section is rewritten (not in -quick)")
 	flag.StringVar(&cfg.section, "section", "", "the generated section of -doc to rewrite (default: the broker's name)")
+	latencyRates := flag.String("latency-rates", "", "latency workloads: comma-separated input rates in records/s, the same for every system (default: -latency-load of each system's capacity)")
+	latencyLoad := flag.String("latency-load", "0.25,0.5,0.9", "latency workloads without -latency-rates: comma-separated fractions of each system's stateless rate measured in this run")
+	flag.DurationVar(&cfg.latencyDuration, "latency-duration", 10*time.Second, "latency workloads: how long each input rate lasts")
+	flag.DurationVar(&cfg.latencyWarmup, "latency-warmup", time.Second, "latency workloads: warm-up after the first output (at least the system's commit interval)")
 	reportOnly := flag.String("report-only", "", "render this results.json (of an interrupted run) with the other flags as they were, run nothing")
 	flag.BoolVar(&cfg.profile, "profile", true, "write pprof CPU and allocation profiles of Runnel stateless and stateful (extra runs; only the selected workloads)")
 	flag.StringVar(&cfg.profileSystem, "profile-system", "runnel", "the selected system -profile profiles (runnel, or sarama and sarama-safe for a CPU profile of the raw loop)")
@@ -113,7 +129,19 @@ func realMain() error {
 	if err != nil {
 		return err
 	}
+	if cfg.latencyRates, err = parseFloats("-latency-rates", *latencyRates); err != nil {
+		return err
+	}
+	if cfg.latencyLoad, err = parseFloats("-latency-load", *latencyLoad); err != nil {
+		return err
+	}
 	if cfg.quick {
+		// Latency in CI checks the workload's answer, not its numbers:
+		// two low fixed rates, briefly.
+		if cfg.latencyRates == nil {
+			cfg.latencyRates = []float64{1000, 5000}
+		}
+		cfg.latencyDuration, cfg.latencyWarmup = min(cfg.latencyDuration, 2*time.Second), min(cfg.latencyWarmup, 500*time.Millisecond)
 		cfg.rounds, cfg.records, cfg.broker, cfg.profile, cfg.doc = 1, 100_000, "kfake", false, ""
 		cfg.timeout = 90 * time.Second
 		if systemsFlag == "" {
@@ -128,6 +156,9 @@ func realMain() error {
 	for _, w := range cfg.workloads {
 		if !contains(allWorkloads, w) {
 			return fmt.Errorf("-workloads: unknown %q (known: %s)", w, strings.Join(allWorkloads, ", "))
+		}
+		if isLatency(w) && cfg.latencyRates == nil && !contains(cfg.workloads, "stateless") {
+			return fmt.Errorf("-workloads %s: its rates are fractions of the stateless rate: select stateless too, or give -latency-rates", w)
 		}
 	}
 	if cfg.section == "" {
@@ -173,7 +204,7 @@ func realMain() error {
 			h.distinct = newDataset(cfg.records, cfg.distinctKeySpace(), cfg.partitions) // for its key count
 		}
 		rep := newReport(h, sel, results, nil, 0)
-		fmt.Print(rep.table())
+		fmt.Print(rep.table(), rep.latencyTable())
 		if cfg.doc != "" {
 			return rep.updateDoc(filepath.Join(root, cfg.doc))
 		}
@@ -209,7 +240,12 @@ func realMain() error {
 				if !s.runs(wl) {
 					continue
 				}
+				load := loadAvg()
 				for _, r := range h.runWorkload(s, wl, round, nil) {
+					if r.Load == 0 {
+						r.Load, r.LoadEnd = load, loadAvg()
+					}
+					h.noteCapacity(s, r)
 					h.logf("round %d %-10s %-12s %s", round, r.Workload, r.System, r.short())
 					results = append(results, r)
 					// After every run, so that an interrupted run keeps what it
@@ -236,7 +272,7 @@ func realMain() error {
 		}
 	}
 	rep := newReport(h, sel, results, profiles, time.Since(started))
-	fmt.Print(rep.table())
+	fmt.Print(rep.table(), rep.latencyTable())
 	if err := writeJSON(filepath.Join(cfg.results, "results.json"), results); err != nil {
 		return err
 	}
@@ -279,6 +315,8 @@ func (h *harness) runWorkload(s *system, wl string, round int, profile []string)
 		return []result{h.runRebalances(s, round)}
 	case "redeliver":
 		return []result{h.runRedeliver(s, round)}
+	case latencyWorkload, latencyHandover, latencyKill:
+		return h.runLatency(s, wl, round)
 	}
 	return nil
 }
@@ -291,9 +329,18 @@ func (r result) short() string {
 	if r.Rate > 0 {
 		s += fmt.Sprintf(" (first output after %.2f s, then %.0f records/s)", r.FirstOut, r.Rate)
 	}
+	if r.Level != "" {
+		frac := ""
+		if r.CapFrac > 0 {
+			frac = fmt.Sprintf(", %.0f%% of its stateless rate", 100*r.CapFrac)
+		}
+		s = fmt.Sprintf("%s at %.0f records/s (%.0f sent/s%s): p50 %.1f ms, p99 %.1f ms, p99.9 %.1f ms, max %.1f ms over %d records (%d output twice)",
+			r.Level, r.InRate, r.SentRate, frac, r.P50, r.P99, r.P999, r.MaxMS, r.Samples, r.Doubles)
+	}
 	if r.CPU > 0 {
 		s += fmt.Sprintf(", cpu %.1f s, rss %.0f MB", r.CPU, r.RSSMB)
 	}
+	s += fmt.Sprintf(", load %.1f→%.1f", r.Load, r.LoadEnd)
 	if r.Records > 0 {
 		s += fmt.Sprintf(", %d changelog records (of %d written)", r.Records, r.Span)
 	}
@@ -368,12 +415,31 @@ func statefulOf(wl string) string {
 	return ""
 }
 
-// dataFor is the input of workload wl.
+// dataFor is the input of workload wl (nil: none loaded before the run).
 func (h *harness) dataFor(wl string) *dataset {
+	if isLatency(wl) {
+		return nil
+	}
 	if isDistinct(wl) {
 		return h.distinct
 	}
 	return h.data
+}
+
+// parseFloats reads a comma-separated list of positive numbers (nil for "").
+func parseFloats(name, v string) ([]float64, error) {
+	if v == "" {
+		return nil, nil
+	}
+	var out []float64
+	for _, f := range strings.Split(v, ",") {
+		x, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || x <= 0 {
+			return nil, fmt.Errorf("%s: %q is no positive number", name, f)
+		}
+		out = append(out, x)
+	}
+	return out, nil
 }
 
 func contains(xs []string, x string) bool {

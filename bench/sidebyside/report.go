@@ -170,6 +170,9 @@ func (r *report) table() string {
 	fmt.Fprintf(&b, "| workload | system | runs | median s (start → last output) | start-up s (start → first output) | steady s (first → last output) | records/s (steady) | Runnel speed-up, total (peer s ÷ Runnel s) | Runnel speed-up, steady (Runnel records/s ÷ peer's) | CPU s | peak RSS MB | notes |\n")
 	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, wl := range allWorkloads {
+		if isLatency(wl) {
+			continue // latencyTable
+		}
 		base, baseOK := r.cell(wl, r.sel[0].name)
 		baseOK = baseOK && base.failed == 0
 		for _, s := range r.sel {
@@ -241,6 +244,72 @@ func (r *report) table() string {
 	return b.String()
 }
 
+// latencyTable renders the latency workloads' results: per workload,
+// system and level the medians over the rounds of p50, p99 and p99.9, the
+// largest max, and the machine's load at the runs' starts ("" when no
+// latency workload ran).
+func (r *report) latencyTable() string {
+	var b strings.Builder
+	for _, wl := range allWorkloads {
+		if !isLatency(wl) {
+			continue
+		}
+		for _, s := range r.sel {
+			var levels []string
+			for _, x := range r.results {
+				if x.Workload == wl && x.System == s.name && !slices.Contains(levels, x.Level) {
+					levels = append(levels, x.Level)
+				}
+			}
+			for _, lv := range levels {
+				var runs, failed int
+				var failure string
+				var p50, p99, p999, rates, sent, fracs, loads []float64
+				var mx, rss float64
+				var dups int64
+				for _, x := range r.results {
+					if x.Workload != wl || x.System != s.name || x.Level != lv {
+						continue
+					}
+					runs++
+					if x.Failure != "" {
+						failed++
+						failure = x.Failure
+						continue
+					}
+					p50, p99, p999 = append(p50, x.P50), append(p99, x.P99), append(p999, x.P999)
+					rates, sent, fracs, loads = append(rates, x.InRate), append(sent, x.SentRate), append(fracs, x.CapFrac), append(loads, x.Load)
+					mx, rss, dups = max(mx, x.MaxMS), max(rss, x.RSSMB), dups+x.Doubles
+				}
+				if b.Len() == 0 {
+					b.WriteString("| workload | system | level | records/s in (sent) | of its stateless rate | runs | p50 ms | p99 ms | p99.9 ms | max ms | output twice (all runs) | peak RSS MB | load at start |\n")
+					b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+				}
+				if failed > 0 {
+					fmt.Fprintf(&b, "| %s | %s | %s | | | %d | **FAILURE** (%d of %d) | | | | | | %s |\n", wl, s.name, lv, runs, failed, runs, mdEscape(failure))
+					continue
+				}
+				load := fmt.Sprintf("%.1f", slices.Min(loads))
+				if slices.Max(loads) != slices.Min(loads) {
+					load += fmt.Sprintf("–%.1f", slices.Max(loads))
+				}
+				in := fmt.Sprintf("%.0f", median(rates))
+				if sr := slices.Min(sent); sr > 0 && sr < 0.95*median(rates) {
+					// The harness's producer fell behind: the level was not offered.
+					in += fmt.Sprintf(" (**%.0f**)", sr)
+				}
+				frac := ""
+				if f := median(fracs); f > 0 {
+					frac = fmt.Sprintf("%.0f%%", 100*f)
+				}
+				fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %d | %.1f | %.1f | %.1f | %.1f | %d | %.0f | %s |\n",
+					wl, s.name, lv, in, frac, runs, median(p50), median(p99), median(p999), mx, dups, rss, load)
+			}
+		}
+	}
+	return b.String()
+}
+
 func mdEscape(s string) string {
 	s = strings.ReplaceAll(s, "|", "\\|")
 	return strings.ReplaceAll(s, "\n", " ")
@@ -295,6 +364,10 @@ func (r *report) section() string {
 	fmt.Fprintf(&b, "- Versions: %s\n", r.h.versions(r.sel))
 	fmt.Fprintf(&b, "- Command: `go run ./bench/sidebyside%s`\n\n", r.h.flagsText())
 	b.WriteString(r.table())
+	if lt := r.latencyTable(); lt != "" {
+		b.WriteString("\nLatency (produce → derived record visible to a read_committed reader; medians over the rounds, max: the largest):\n\n")
+		b.WriteString(lt)
+	}
 	if len(r.profiles) > 0 {
 		b.WriteString("\nProfiles of Runnel (one extra, uncounted run each; `go tool pprof` them):\n\n")
 		for _, p := range r.profiles {

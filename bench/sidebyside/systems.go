@@ -41,9 +41,19 @@ type system struct {
 }
 
 // runs reports whether s runs workload; a system runs the distinct-key
-// variant of each workload it runs (the same app on other input).
+// variant of each workload it runs (the same app on other input), the
+// latency workload when it runs stateless (the same app), and its hand-over
+// and kill variants when it runs handover and kill.
 func (s *system) runs(workload string) bool {
 	workload = strings.TrimSuffix(workload, distinctSuffix)
+	switch workload {
+	case latencyWorkload:
+		workload = "stateless"
+	case latencyHandover:
+		workload = "handover"
+	case latencyKill:
+		workload = "kill"
+	}
 	for _, w := range s.workloads {
 		if w == workload {
 			return true
@@ -84,7 +94,8 @@ func quixKey(b []byte) string {
 }
 
 // allWorkloads in the order they run and appear in the table.
-var allWorkloads = []string{"stateless", "stateful", "restore", "stateful-distinct", "restore-distinct", "handover", "kill", "scaleout", "rebalances", "redeliver"}
+var allWorkloads = []string{"stateless", "stateful", "restore", "stateful-distinct", "restore-distinct", "handover", "kill", "scaleout", "rebalances", "redeliver",
+	latencyWorkload, latencyHandover, latencyKill}
 
 // distinctSuffix marks the distinct-key variant of a workload: the same app
 // and checks on the distinct-key dataset (harness.distinct), where keys

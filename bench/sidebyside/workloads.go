@@ -38,6 +38,26 @@ type result struct {
 	// Ratio: redeliver, the other partitions' throughput while one
 	// partition redelivers a failing record, relative to a run without it.
 	Ratio float64 `json:"ratio,omitempty"`
+	// Latency workloads: the level (its name and offered records/s), and
+	// the percentiles in ms of the time from a record's produce to its
+	// derived record's arrival at a read_committed reader, over Samples
+	// records (Doubles: records whose output arrived more than once).
+	Level  string  `json:"level,omitempty"`
+	InRate float64 `json:"in_rate,omitempty"`
+	// SentRate: records/s the harness actually produced at (below InRate
+	// when its producer fell behind); CapFrac: InRate over the system's
+	// stateless rate in this run (0: not measured).
+	SentRate float64 `json:"sent_rate,omitempty"`
+	CapFrac  float64 `json:"capacity_fraction,omitempty"`
+	P50      float64 `json:"p50_ms,omitempty"`
+	P99      float64 `json:"p99_ms,omitempty"`
+	P999     float64 `json:"p999_ms,omitempty"`
+	MaxMS    float64 `json:"max_ms,omitempty"`
+	Samples  int     `json:"samples,omitempty"`
+	// Load and LoadEnd: the machine's 1-minute load average at the run's
+	// start and end.
+	Load    float64 `json:"load,omitempty"`
+	LoadEnd float64 `json:"load_end,omitempty"`
 }
 
 // run is one run's broker, topic names and directories.
@@ -71,6 +91,9 @@ func (h *harness) newRun(s *system, workload string, round int) (*run, error) {
 	if err := r.b.createTopic(r.input, h.cfg.partitions); err != nil {
 		r.close()
 		return nil, err
+	}
+	if r.data == nil { // the latency workloads produce while the worker runs
+		return r, nil
 	}
 	if err := r.data.load(context.Background(), r.b.addrs, r.input); err != nil {
 		r.close()
