@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/evbind"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/table"
 )
@@ -113,7 +114,7 @@ func (t *Topic[K, V]) Codecs() (codec.Codec[K], codec.Codec[V]) { return t.kc, t
 // Errors: the encoding errors of the codecs, table.ErrOutsideWindow when ev's
 // window is closed, table.ErrNotRunning outside a worker.
 func (t *Topic[K, V]) Send(ev table.Event, key K, value V) error {
-	env := ev.Env()
+	env := envOf(ev)
 	if env == nil || env.Send == nil {
 		return fmt.Errorf("send to %s: %w", t.name, table.ErrNotRunning)
 	}
@@ -142,7 +143,7 @@ func encodeView[T any](c codec.Codec[T], v T) ([]byte, error) {
 // same), so that event-time windows downstream of a repartition see the
 // event's time, not the time it was re-keyed.
 func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
-	env := ev.Env()
+	env := envOf(ev)
 	if env == nil || env.Send == nil {
 		return fmt.Errorf("send to %s: %w", t.name, table.ErrNotRunning)
 	}
@@ -155,7 +156,7 @@ func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 		}
 		ack = a
 	} else {
-		done, ok := ev.BindPersist()
+		done, ok := evbind.Of(ev).BindPersist()
 		if !ok {
 			return fmt.Errorf("send to %s: %w", t.name, table.ErrOutsideWindow)
 		}
@@ -179,4 +180,12 @@ func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 // and returns the receiver of its broker answer.
 type sinkBinder interface {
 	bindSink() (*sinkAck, bool)
+}
+
+// envOf returns the runtime of the worker processing ev, nil outside a worker.
+func envOf(ev table.Event) *table.Env {
+	if b := evbind.Of(ev); b != nil {
+		return b.Env()
+	}
+	return nil
 }

@@ -188,15 +188,19 @@ func TestWaitBetweenBatches(t *testing.T) {
 	}
 }
 
-// TestEventTime: At sets the record timestamp the agent sees (stream time,
-// windows).
-func TestEventTime(t *testing.T) {
+// TestEventAccessors: the agent sees the record's topic, partition, offset,
+// timestamp (At: stream time, windows), headers (the last of a name wins)
+// and raw key as Send produced them.
+func TestEventAccessors(t *testing.T) {
 	a := app.New("eventtime-test")
 	in := app.Topic(a, "in", codec.String(), codec.String(), app.Partitions(2))
 	out := app.Topic(a, "out", codec.String(), codec.String(), app.Partitions(2))
 	agent.New(a, "stamp", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if err := out.Send(ev, ev.Key, ev.Record.Timestamp.UTC().Format(time.RFC3339)); err != nil {
+			h, ok := ev.Header("h")
+			v := fmt.Sprintf("%s[%d]@%d %s h=%s/%t headers=%d raw=%s", ev.Topic(), ev.Partition(), ev.Offset(),
+				ev.Timestamp().UTC().Format(time.RFC3339), h, ok, len(ev.Headers()), ev.RawKey())
+			if err := out.Send(ev, ev.Key, v); err != nil {
 				return err
 			}
 		}
@@ -204,15 +208,21 @@ func TestEventTime(t *testing.T) {
 	}, agent.SendsTo(out))
 	d := start(t, a, runneltest.Options{})
 	at := time.Date(2007, 2, 23, 12, 0, 0, 0, time.UTC)
-	if _, _, err := runneltest.Send(d, in, "k", "v", runneltest.At(at), runneltest.Header("h", "1")); err != nil {
-		t.Fatal(err)
+	var want []string
+	for i := range 2 {
+		p, off, err := runneltest.Send(d, in, "k", "v", runneltest.At(at.Add(time.Duration(i)*time.Hour)),
+			runneltest.Header("h", "1"), runneltest.Header("h", fmt.Sprint(i+2)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, fmt.Sprintf("%s[%d]@%d 2007-02-23T1%d:00:00Z h=%d/true headers=2 raw=k", in.Name(), p, off, 2+i, i+2))
 	}
 	recs, err := runneltest.Records(d, out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 1 || recs[0].Value != "2007-02-23T12:00:00Z" {
-		t.Errorf("out = %+v, want one record stamped 2007-02-23T12:00:00Z", recs)
+	if len(recs) != 2 || recs[0].Value != want[0] || recs[1].Value != want[1] {
+		t.Errorf("out = %+v, want the values %q", recs, want)
 	}
 }
 

@@ -73,7 +73,7 @@ func (t *GlobalTable[K, V]) AttachReplica(s *GlobalState) func() {
 }
 
 func (t *GlobalTable[K, V]) current(ev Event) (*GlobalState, error) {
-	env := ev.Env()
+	env := envOf(ev)
 	if env == nil || env.Globals[t.name] == nil {
 		return nil, fmt.Errorf("table %s: %w", t.name, ErrNotRunning)
 	}

@@ -21,7 +21,7 @@ func TestOwnedWrites(t *testing.T) {
 	s.OwnedWrites = true
 	env := &table.Env{States: map[string]*table.State{"counts": s}}
 	const p = 1
-	ev := &event{p: p, env: env}
+	ev := newEvent(&event{p: p, env: env})
 	inc := func() error {
 		_, err := counts.Update(ev, keyOf(p, 0), func(n int64) int64 { return n + 1 })
 		return err
@@ -84,12 +84,12 @@ func TestWriteFromOtherPartitionCount(t *testing.T) {
 	}
 	key := keyOf(p, 0)
 	for _, n := range []int32{0, nparts} {
-		ev := &event{p: p, env: &table.Env{States: map[string]*table.State{"counts": s}, Partitions: n}}
+		ev := newEvent(&event{p: p, env: &table.Env{States: map[string]*table.State{"counts": s}, Partitions: n}})
 		if _, err := counts.Update(ev, key, func(v int64) int64 { return v + 1 }); err != nil {
 			t.Fatalf("source with %d partitions (0: unchecked): %v", n, err)
 		}
 	}
-	ev := &event{p: p, env: &table.Env{States: map[string]*table.State{"counts": s}, Partitions: 2 * nparts}}
+	ev := newEvent(&event{p: p, env: &table.Env{States: map[string]*table.State{"counts": s}, Partitions: 2 * nparts}})
 	if _, err := counts.Update(ev, key, func(v int64) int64 { return v + 1 }); !errors.Is(err, table.ErrNotCoPartitioned) {
 		t.Fatalf("source with %d partitions writing a %d-partition table: %v, want ErrNotCoPartitioned", 2*nparts, nparts, err)
 	}

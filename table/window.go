@@ -383,7 +383,7 @@ func (t *Windowed[K, V]) state(ev Event) (*State, error) {
 	if t.err != nil {
 		return nil, t.err
 	}
-	env := ev.Env()
+	env := envOf(ev)
 	if env == nil || env.States[t.name] == nil {
 		return nil, fmt.Errorf("table %s: %w", t.name, ErrNotRunning)
 	}
