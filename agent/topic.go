@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/runnel-dev/runnel/codec"
 	"github.com/runnel-dev/runnel/internal/evbind"
@@ -138,10 +139,29 @@ func encodeView[T any](c codec.Codec[T], v T) ([]byte, error) {
 	return c.Encode(v)
 }
 
-// sendBytes is Send of an encoded key and value. A repartition topic's
-// record carries the timestamp of ev's source record (Kafka Streams does the
-// same), so that event-time windows downstream of a repartition see the
-// event's time, not the time it was re-keyed.
+// stamp returns the timestamp a record sent with ev carries; zero: the
+// producer's clock.
+//
+// A timer's record carries the firing's time (Tick.Time: the stream time or
+// the wall-clock time the timer fired for), as Kafka Streams forwards the
+// records of a punctuation at the punctuation's time: a window a stream-time
+// timer emits is stamped with the stream time that closed it, so a replay of
+// last week emits records stamped as the live run's were, and event-time
+// windows downstream put them where the data put them. A repartition
+// topic's record carries the timestamp of ev's source record (Kafka Streams
+// does the same), so that event-time windows downstream of a repartition see
+// the event's time, not the time it was re-keyed.
+func (t *Topic[K, V]) stamp(ev table.Event) time.Time {
+	if tk, ok := ev.(*Tick); ok {
+		return tk.Time
+	}
+	if o, ok := ev.(table.Originator); ok && t.repartitionOf != "" {
+		return o.Origin().Timestamp
+	}
+	return time.Time{}
+}
+
+// sendBytes is Send of an encoded key and value, stamped as stamp says.
 func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 	env := envOf(ev)
 	if env == nil || env.Send == nil {
@@ -164,8 +184,8 @@ func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 	}
 	p := kafka.PartitionFor(kb, t.partitions)
 	var err error
-	if o, isOrig := ev.(table.Originator); isOrig && t.repartitionOf != "" && env.SendAt != nil {
-		err = env.SendAt(t.name, p, kb, vb, o.Origin().Timestamp, ack)
+	if ts := t.stamp(ev); !ts.IsZero() && env.SendAt != nil {
+		err = env.SendAt(t.name, p, kb, vb, ts, ack)
 	} else {
 		err = env.Send(t.name, p, kb, vb, ack)
 	}

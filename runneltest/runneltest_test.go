@@ -286,3 +286,47 @@ func TestRestartRestoresTables(t *testing.T) {
 		t.Errorf("the restarted workers processed %d records, want 30 (10 lines, 20 words)", processed)
 	}
 }
+
+// TestEmitOnClose: a windowed table's EmitOnClose sends each window's final
+// value once the partition's stream time passes its end + grace, bound to
+// the record that closed it; an open window is not sent.
+func TestEmitOnClose(t *testing.T) {
+	a := app.New("emit-on-close-test")
+	in := app.Topic(a, "in", codec.String(), codec.String(), app.Partitions(1))
+	out := app.Topic(a, "hourly", codec.String(), codec.String(), app.Partitions(1))
+	perHour := table.NewWindowed(a, "per-hour", codec.String(), codec.DecimalInt64(), table.Tumbling(time.Hour),
+		table.Grace(5*time.Minute),
+		table.EmitOnClose(func(ev table.Event, key string, w table.Window, n int64) error {
+			return out.Send(ev, key, fmt.Sprintf("%s %d", w.Start.UTC().Format("15:04"), n))
+		}))
+	agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for ev := range s.Events() {
+			if _, err := perHour.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
+				return err
+			}
+		}
+		return s.Err()
+	}, agent.SendsTo(out), agent.WritesTo(perHour))
+	d := start(t, a, runneltest.Options{})
+	day := time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)
+	for _, at := range []string{"10:05", "10:50", "11:02", "11:04", "11:06", "12:30"} {
+		ts, _ := time.Parse("15:04", at)
+		ts = day.Add(time.Duration(ts.Hour())*time.Hour + time.Duration(ts.Minute())*time.Minute)
+		if _, _, err := runneltest.Send(d, in, "a", at, runneltest.At(ts)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs, err := runneltest.Records(d, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range recs {
+		got = append(got, r.Key+" "+r.Value)
+	}
+	// 11:06 closes [10:00, 11:00) (end + grace 11:05); 12:30 closes
+	// [11:00, 12:00); [12:00, 13:00) stays open.
+	if want := []string{"a 10:00 2", "a 11:00 3"}; !slices.Equal(got, want) {
+		t.Errorf("emitted %q, want %q", got, want)
+	}
+}

@@ -52,7 +52,7 @@ type Env struct {
 	Send SendFunc
 	// SendAt, when set, is Send with the record's timestamp (zero: the
 	// producer's clock); repartition topics use it to keep the source
-	// record's event time.
+	// record's event time, timers to stamp their records with the firing's.
 	SendAt func(topic string, p int32, key, value []byte, ts time.Time, ack Acker) error
 	// StreamTime, when set, is advanced by the agents of one source
 	// partition to the timestamp of every record they receive: the
