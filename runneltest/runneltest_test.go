@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -328,5 +329,51 @@ func TestEmitOnClose(t *testing.T) {
 	// [11:00, 12:00); [12:00, 13:00) stays open.
 	if want := []string{"a 10:00 2", "a 11:00 3"}; !slices.Equal(got, want) {
 		t.Errorf("emitted %q, want %q", got, want)
+	}
+}
+
+// TestCompute: Compute sees whether the key exists, keeps a new value, and
+// deletes the key when fn says so; a delete of an absent key writes nothing.
+func TestCompute(t *testing.T) {
+	a := app.New("compute-test")
+	in := app.Topic(a, "in", codec.String(), codec.String(), app.Partitions(2))
+	// Per user: the number of events since the first one, "-" at logout.
+	open := table.New(a, "open", codec.String(), codec.String())
+	agent.New(a, "sessions", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for ev := range s.Events() {
+			_, _, err := open.Compute(ev, ev.Key, func(old string, found bool) (string, bool) {
+				switch {
+				case ev.Value == "logout":
+					return "", false
+				case !found:
+					return "new", true
+				default:
+					return old + "+", true
+				}
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return s.Err()
+	}, agent.WritesTo(open))
+	d := start(t, a, runneltest.Options{})
+	for _, kv := range [][2]string{{"a", "login"}, {"a", "click"}, {"b", "login"}, {"a", "logout"}, {"c", "logout"},
+		{"b", "click"}, {"b", "click"}, {"a", "login"}} {
+		if _, _, err := runneltest.Send(d, in, kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := d.Table(open)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]any{"a": "new", "b": "new++"}; !maps.Equal(got, want) {
+		t.Errorf("table open = %v, want %v", got, want)
+	}
+	for _, k := range []string{"a", "c"} {
+		if v, found, err := runneltest.Get(d, open, k); err != nil || found != (k == "a") {
+			t.Errorf("Get(%s) = %q, %t, %v", k, v, found, err)
+		}
 	}
 }

@@ -151,6 +151,12 @@ func (t *GlobalTable[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error)
 	return updateKey[K, V](t, ev, key, fn)
 }
 
+// Compute sets, keeps or deletes key by what fn returns for its current
+// value, as Table.Compute does.
+func (t *GlobalTable[K, V]) Compute(ev Event, key K, fn func(old V, found bool) (V, bool)) (V, bool, error) {
+	return computeKey[K, V](t, ev, key, fn)
+}
+
 // Delete removes key (a tombstone in the changelog) in ev's partition's
 // current commit cycle.
 func (t *GlobalTable[K, V]) Delete(ev Event, key K) error { return deleteKey[K, V](t, ev, key) }

@@ -308,6 +308,30 @@ func (t *Table[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
 	return updateKey[K, V](t, ev, key, fn)
 }
 
+// Compute sets, keeps or deletes key by what fn returns for its current value
+// (Java's Map.compute, Faust's table[key] = f(table.get(key))): fn gets the old
+// value and whether the key exists (found false: old is the zero value), and
+// returns the new value and whether the key is to exist. keep false deletes
+// the key (a tombstone in the changelog), or writes nothing when it was
+// absent. Compute returns the new value (the zero value when deleted) and
+// whether the key exists now. Like Update, the read and the write are one
+// step for the partition and fn must not use the same table.
+//
+//	// a session per user, deleted at logout
+//	sessions.Compute(ev, ev.Key, func(s Session, found bool) (Session, bool) {
+//		if ev.Value.Kind == "logout" {
+//			return s, false
+//		}
+//		if !found {
+//			s.Start = ev.Timestamp()
+//		}
+//		s.Events++
+//		return s, true
+//	})
+func (t *Table[K, V]) Compute(ev Event, key K, fn func(old V, found bool) (V, bool)) (V, bool, error) {
+	return computeKey[K, V](t, ev, key, fn)
+}
+
 // Delete removes key (a tombstone in the changelog) in the current commit
 // cycle of ev's partition.
 func (t *Table[K, V]) Delete(ev Event, key K) error { return deleteKey[K, V](t, ev, key) }
