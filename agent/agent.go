@@ -7,9 +7,11 @@ import (
 	"iter"
 	"runtime/debug"
 	"sync/atomic"
+	"time"
 
 	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/evbind"
 	"github.com/runnel-dev/runnel/table"
 )
 
@@ -141,6 +143,7 @@ func (s *Stream[K, V]) Events() iter.Seq[*Event[K, V]] {
 			s.cur = nil
 			// One allocation per record holds the event and its delivery.
 			ev := &Event[K, V]{env: s.env}
+			ev.handle = evbind.New[*table.Env]((*eventBinder[K, V])(ev))
 			d := &ev.d
 			if err := s.sub.NextInto(s.ctx, d); err != nil {
 				if !errors.Is(err, source.ErrGroupStopped) && s.ctx.Err() == nil {
@@ -148,7 +151,7 @@ func (s *Stream[K, V]) Events() iter.Seq[*Event[K, V]] {
 				}
 				return
 			}
-			ev.Record = d.Record
+			ev.rec = d.Record
 			var err error
 			if d.Record.Key != nil {
 				if ev.Key, err = s.kc.Decode(d.Record.Key); err != nil {
@@ -174,11 +177,17 @@ func (s *Stream[K, V]) Events() iter.Seq[*Event[K, V]] {
 // Err is the error that ended the stream, nil for a revoke or a stop.
 func (s *Stream[K, V]) Err() error { return s.err }
 
-// Event is one record of a stream, decoded.
+// Event is one record of a stream, decoded: its key and value, and the
+// source record's topic, partition, offset, timestamp and headers through
+// accessors. An event is valid until the agent pulls the next one; table
+// writes and sends made with it after that are refused
+// (table.ErrOutsideWindow).
 type Event[K any, V any] struct {
-	Key    K
-	Value  V
-	Record *source.Record
+	Key   K
+	Value V
+
+	handle                 // links table writes and sends to the worker (evbind)
+	rec    *source.Record  // the source record
 	d      source.Delivery // its address names the record's window
 	env    *table.Env
 	// ack receives the broker's answer for the event's first sink record
@@ -187,31 +196,80 @@ type Event[K any, V any] struct {
 	ackUsed atomic.Bool
 }
 
-// Env implements table.Event.
-func (e *Event[K, V]) Env() *table.Env { return e.env }
+// handle is unexported so that the event's link to its worker is no field
+// of Event's API.
+type handle = evbind.Handle[*table.Env]
 
-// Origin implements table.Originator: the source record's topic, partition,
-// offset and timestamp.
-func (e *Event[K, V]) Origin() table.Origin {
-	return table.Origin{Topic: e.Record.Topic, Partition: e.Record.Partition, Offset: e.Record.Offset, Timestamp: e.Record.Timestamp}
-}
+// eventBinder gives an Event the methods evbind.Binder asks for without
+// making them methods of Event: a user calling BindPersist out of turn would
+// break the record's ack accounting.
+type eventBinder[K any, V any] Event[K, V]
 
-// Partition is the record's partition.
-func (e *Event[K, V]) Partition() int32 { return e.Record.Partition }
+// Env implements evbind.Binder.
+func (b *eventBinder[K, V]) Env() *table.Env { return b.env }
 
-// InWindow reports whether the event's window is still open (the agent has
-// not pulled the next event). Table writes check it: a write outside the
-// window is table.ErrOutsideWindow.
-func (e *Event[K, V]) InWindow() bool { return e.d.Open() }
-
-// BindPersist implements table.Event: it binds one derived record to the event.
-func (e *Event[K, V]) BindPersist() (func(error), bool) {
-	a, ok := e.bindSink()
+// BindPersist implements evbind.Binder: it binds one derived record to the
+// event.
+func (b *eventBinder[K, V]) BindPersist() (func(error), bool) {
+	a, ok := (*Event[K, V])(b).bindSink()
 	if !ok {
 		return nil, false
 	}
 	return func(err error) { a.Acked(-1, err) }, true
 }
+
+// Origin implements table.Originator: the source record's topic, partition,
+// offset and timestamp.
+func (e *Event[K, V]) Origin() table.Origin {
+	return table.Origin{Topic: e.rec.Topic, Partition: e.rec.Partition, Offset: e.rec.Offset, Timestamp: e.rec.Timestamp}
+}
+
+// Topic is the name of the record's topic.
+func (e *Event[K, V]) Topic() string { return e.rec.Topic }
+
+// Partition is the record's partition.
+func (e *Event[K, V]) Partition() int32 { return e.rec.Partition }
+
+// Offset is the record's offset in its partition.
+func (e *Event[K, V]) Offset() int64 { return e.rec.Offset }
+
+// Timestamp is the record's timestamp (its CreateTime, or LogAppendTime when
+// the topic says so): the event time that windowed tables and stream time
+// follow.
+func (e *Event[K, V]) Timestamp() time.Time { return e.rec.Timestamp }
+
+// Headers are the record's headers (KIP-82), in the order they were
+// produced; nil when it has none. The slice is the record's: do not modify it.
+func (e *Event[K, V]) Headers() []Header { return e.rec.Headers }
+
+// Header returns the value of the record's last header named key (Kafka allows
+// several of one name; the last one wins, as in Kafka Streams' lastHeader), and
+// whether there is one.
+func (e *Event[K, V]) Header(key string) ([]byte, bool) {
+	hs := e.rec.Headers
+	for i := len(hs) - 1; i >= 0; i-- {
+		if string(hs[i].Key) == key {
+			return hs[i].Value, true
+		}
+	}
+	return nil, false
+}
+
+// RawKey is the record's key as it was read, before decoding; nil when the
+// record had none. The slice is the record's: do not modify it.
+func (e *Event[K, V]) RawKey() []byte { return e.rec.Key }
+
+// RawValue is the record's value as it was read, before decoding. The slice
+// is the record's: do not modify it.
+func (e *Event[K, V]) RawValue() []byte { return e.rec.Value }
+
+// Header is a record header (KIP-82).
+type Header = source.Header
+
+// InWindow reports whether the event's window is still open (the agent has
+// not pulled the next event). Table writes check it: a write outside the
+// window is table.ErrOutsideWindow.
+func (e *Event[K, V]) InWindow() bool { return e.d.Open() }
 
 // bindSink binds one derived record to the event like BindPersist, returning
 // its broker answer's receiver as one value (Topic.Send hands it to the

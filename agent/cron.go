@@ -191,7 +191,7 @@ func (tm Timer) LastFiring(p, parts int32, env *table.Env) (time.Time, bool, err
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	ms, ok, err := tm.last.Get(&Tick{partition: p, env: env}, k)
+	ms, ok, err := tm.last.Get(newTick(time.Time{}, p, env, false), k)
 	if err != nil || !ok {
 		return time.Time{}, false, err
 	}

@@ -35,7 +35,7 @@ func (e *Effect) Name() string { return e.name }
 // the record is not committed (it is redelivered, or fails the replay).
 func (e *Effect) Apply(ev table.Event, fn func() (applied bool, err error)) (bool, error) {
 	var gate table.ReplayGate
-	if env := ev.Env(); env != nil {
+	if env := envOf(ev); env != nil {
 		gate = env.Replay
 	}
 	if gate != nil && !gate.Live(e.name) {

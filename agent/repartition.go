@@ -99,7 +99,7 @@ func GroupBy[K any, V any, K2 any](h Host, name string, from *Topic[K, V], kc co
 			}
 			// The value is passed on as it was read: no decode/encode round
 			// trip can change it.
-			if err := t.sendBytes(ev, kb, ev.Record.Value); err != nil {
+			if err := t.sendBytes(ev, kb, ev.rec.Value); err != nil {
 				return err
 			}
 		}

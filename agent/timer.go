@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/robfig/cron/v3"
+	"github.com/runnel-dev/runnel/internal/evbind"
 	"github.com/runnel-dev/runnel/table"
 )
 
@@ -143,7 +144,7 @@ func (tm Timer) Boundary(t time.Time) time.Time {
 // task. Errors: fn's (a panic is recovered into one), the first delivery
 // error, ctx's.
 func (tm Timer) Fire(ctx context.Context, p int32, env *table.Env, at time.Time) error {
-	tk := &Tick{Time: at, partition: p, env: env, open: true, idle: make(chan struct{})}
+	tk := newTick(at, p, env, true)
 	err := tk.call(ctx, tm.Fn)
 	if err == nil {
 		// A Cron timer's last firing is written by the firing itself: it
@@ -172,6 +173,7 @@ type Tick struct {
 	// time or the stream time the firing is for.
 	Time time.Time
 
+	handle    // links table writes and sends to the worker (evbind)
 	partition int32
 	env       *table.Env
 
@@ -185,8 +187,23 @@ type Tick struct {
 // Partition implements table.Event: the partition the timer runs on.
 func (t *Tick) Partition() int32 { return t.partition }
 
-// Env implements table.Event.
-func (t *Tick) Env() *table.Env { return t.env }
+// newTick returns the firing of a timer at on partition p; open says whether
+// it takes writes (the timer function runs).
+func newTick(at time.Time, p int32, env *table.Env, open bool) *Tick {
+	t := &Tick{Time: at, partition: p, env: env, open: open, idle: make(chan struct{})}
+	t.handle = evbind.New[*table.Env]((*tickBinder)(t))
+	return t
+}
+
+// tickBinder gives a Tick the methods evbind.Binder asks for without making
+// them methods of Tick.
+type tickBinder Tick
+
+// Env implements evbind.Binder.
+func (b *tickBinder) Env() *table.Env { return b.env }
+
+// BindPersist implements evbind.Binder.
+func (b *tickBinder) BindPersist() (func(error), bool) { return (*Tick)(b).bindPersist() }
 
 // InWindow reports whether the timer function is still running (table
 // writes check it).
@@ -202,9 +219,10 @@ func (t *Tick) Origin() table.Origin {
 	return table.Origin{Partition: t.partition, Offset: -1, Timestamp: t.Time}
 }
 
-// BindPersist implements table.Event: the firing waits for the broker's
-// answer to every record bound to it before the next commit cycle.
-func (t *Tick) BindPersist() (func(error), bool) {
+// bindPersist binds one derived record to the firing: the firing waits for
+// the broker's answer to every record bound to it before the next commit
+// cycle.
+func (t *Tick) bindPersist() (func(error), bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !t.open {

@@ -18,7 +18,7 @@ func TestFireWaitsForBoundRecords(t *testing.T) {
 	answers := make(chan func(error), 2)
 	tm := Timer{Interval: time.Minute, Clock: WallClock, Fn: func(ctx context.Context, tk *Tick) error {
 		for range 2 {
-			done, ok := tk.BindPersist()
+			done, ok := tk.bindPersist()
 			if !ok {
 				t.Error("binding refused while the function runs")
 			}
@@ -36,7 +36,7 @@ func TestFireWaitsForBoundRecords(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "NOT_LEADER") || !strings.Contains(err.Error(), "partition 3") {
 		t.Fatalf("Fire = %v, want the delivery error with the partition", err)
 	}
-	if _, ok := late.BindPersist(); ok || late.InWindow() {
+	if _, ok := late.bindPersist(); ok || late.InWindow() {
 		t.Fatal("a tick accepts bindings after its function returned")
 	}
 	if o := late.Origin(); !o.Timestamp.Equal(at) || o.Partition != 3 || o.Offset != -1 {
@@ -51,7 +51,7 @@ func TestFirePanicAndUnanswered(t *testing.T) {
 	if err := tm.Fire(context.Background(), 0, nil, time.Now()); err == nil || !strings.Contains(err.Error(), "panic: boom") {
 		t.Fatalf("Fire = %v, want the panic", err)
 	}
-	tm.Fn = func(ctx context.Context, tk *Tick) error { _, _ = tk.BindPersist(); return nil }
+	tm.Fn = func(ctx context.Context, tk *Tick) error { _, _ = tk.bindPersist(); return nil }
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := tm.Fire(ctx, 0, nil, time.Now()); err == nil || !strings.Contains(err.Error(), "1 records sent by the timer unanswered") {

@@ -3,8 +3,10 @@ package agent
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/evbind"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/table"
 )
@@ -113,7 +115,7 @@ func (t *Topic[K, V]) Codecs() (codec.Codec[K], codec.Codec[V]) { return t.kc, t
 // Errors: the encoding errors of the codecs, table.ErrOutsideWindow when ev's
 // window is closed, table.ErrNotRunning outside a worker.
 func (t *Topic[K, V]) Send(ev table.Event, key K, value V) error {
-	env := ev.Env()
+	env := envOf(ev)
 	if env == nil || env.Send == nil {
 		return fmt.Errorf("send to %s: %w", t.name, table.ErrNotRunning)
 	}
@@ -137,12 +139,31 @@ func encodeView[T any](c codec.Codec[T], v T) ([]byte, error) {
 	return c.Encode(v)
 }
 
-// sendBytes is Send of an encoded key and value. A repartition topic's
-// record carries the timestamp of ev's source record (Kafka Streams does the
-// same), so that event-time windows downstream of a repartition see the
-// event's time, not the time it was re-keyed.
+// stamp returns the timestamp a record sent with ev carries; zero: the
+// producer's clock.
+//
+// A timer's record carries the firing's time (Tick.Time: the stream time or
+// the wall-clock time the timer fired for), as Kafka Streams forwards the
+// records of a punctuation at the punctuation's time: a window a stream-time
+// timer emits is stamped with the stream time that closed it, so a replay of
+// last week emits records stamped as the live run's were, and event-time
+// windows downstream put them where the data put them. A repartition
+// topic's record carries the timestamp of ev's source record (Kafka Streams
+// does the same), so that event-time windows downstream of a repartition see
+// the event's time, not the time it was re-keyed.
+func (t *Topic[K, V]) stamp(ev table.Event) time.Time {
+	if tk, ok := ev.(*Tick); ok {
+		return tk.Time
+	}
+	if o, ok := ev.(table.Originator); ok && t.repartitionOf != "" {
+		return o.Origin().Timestamp
+	}
+	return time.Time{}
+}
+
+// sendBytes is Send of an encoded key and value, stamped as stamp says.
 func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
-	env := ev.Env()
+	env := envOf(ev)
 	if env == nil || env.Send == nil {
 		return fmt.Errorf("send to %s: %w", t.name, table.ErrNotRunning)
 	}
@@ -155,7 +176,7 @@ func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 		}
 		ack = a
 	} else {
-		done, ok := ev.BindPersist()
+		done, ok := evbind.Of(ev).BindPersist()
 		if !ok {
 			return fmt.Errorf("send to %s: %w", t.name, table.ErrOutsideWindow)
 		}
@@ -163,8 +184,8 @@ func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 	}
 	p := kafka.PartitionFor(kb, t.partitions)
 	var err error
-	if o, isOrig := ev.(table.Originator); isOrig && t.repartitionOf != "" && env.SendAt != nil {
-		err = env.SendAt(t.name, p, kb, vb, o.Origin().Timestamp, ack)
+	if ts := t.stamp(ev); !ts.IsZero() && env.SendAt != nil {
+		err = env.SendAt(t.name, p, kb, vb, ts, ack)
 	} else {
 		err = env.Send(t.name, p, kb, vb, ack)
 	}
@@ -179,4 +200,12 @@ func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 // and returns the receiver of its broker answer.
 type sinkBinder interface {
 	bindSink() (*sinkAck, bool)
+}
+
+// envOf returns the runtime of the worker processing ev, nil outside a worker.
+func envOf(ev table.Event) *table.Env {
+	if b := evbind.Of(ev); b != nil {
+		return b.Env()
+	}
+	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/evbind"
 	"github.com/runnel-dev/runnel/internal/testbroker"
 	"github.com/runnel-dev/runnel/table"
 )
@@ -85,7 +86,7 @@ func testWriteCacheBounded(t *testing.T, g app.Guarantee) {
 			if ev.Key == "hold" && bound1.CompareAndSwap(false, true) {
 				// A derived record bound to the event and answered late:
 				// the record stays unresolved after the agent moved on.
-				done, ok := ev.BindPersist()
+				done, ok := evbind.Of[*table.Env](ev).BindPersist()
 				if !ok {
 					return errors.New("could not bind to the held record")
 				}

@@ -224,7 +224,7 @@ windowed tables). Every input is validated whole before any is loaded.`,
 				return err
 			}
 			defer client.Close()
-			m, err := ReadTable(cmd.Context(), client, def)
+			m, err := readTable(cmd.Context(), client, def)
 			if err != nil {
 				return err
 			}

@@ -335,14 +335,33 @@ func WithPprof(on bool) Option { return func(c *Config) { c.Pprof = on } }
 // topics are named from the app ID and need no prefix. Default none.
 func WithTopicPrefix(p string) Option { return func(c *Config) { c.topicPrefix = p } }
 
+// RebalanceProtocol is a consumer-group rebalance protocol (WithRebalanceProtocol).
+type RebalanceProtocol int
+
+const (
+	// RebalanceCooperative is the incremental protocol (KIP-429), the
+	// default: only partitions that move stop, each revoked in one
+	// generation and assigned in the next. It needs Kafka >= 2.4.
+	RebalanceCooperative RebalanceProtocol = iota
+	// RebalanceEager is the classic protocol: every member stops every
+	// partition on each rebalance.
+	RebalanceEager
+)
+
+// String returns the protocol's name as RUNNEL_REBALANCE_PROTOCOL spells it:
+// "cooperative" or "eager".
+func (p RebalanceProtocol) String() string {
+	if p == RebalanceEager {
+		return "eager"
+	}
+	return "cooperative"
+}
+
 // WithRebalanceProtocol selects the consumer-group rebalance protocol:
-// sarama.RebalanceProtocolCooperative (the default; incremental, KIP-429: only
-// partitions that move stop, each revoked in one generation and assigned in
-// the next) or sarama.RebalanceProtocolEager (every member stops every
-// partition on each rebalance). All workers of an app must use the same one;
-// cooperative needs Kafka >= 2.4.
-func WithRebalanceProtocol(p sarama.RebalanceProtocol) Option {
-	return func(c *Config) { c.eager = p == sarama.RebalanceProtocolEager }
+// RebalanceCooperative (the default) or RebalanceEager. All workers of an app
+// must use the same one.
+func WithRebalanceProtocol(p RebalanceProtocol) Option {
+	return func(c *Config) { c.eager = p == RebalanceEager }
 }
 
 func (c Config) rebalanceProtocol() sarama.RebalanceProtocol {

@@ -97,7 +97,7 @@ func TestFinalCycleWritesOneRecordPerKey(t *testing.T) {
 	if tasks := w.Tasks(); len(tasks) != 0 {
 		t.Fatalf("tasks after the stop: %+v", tasks)
 	}
-	if err := app.WaitForLag0(context.Background(), client, id, []string{c.words.Name()}, 10*time.Second); err != nil {
+	if err := app.WaitForLag0(context.Background(), app.WrapClient(client), id, []string{c.words.Name()}, 10*time.Second); err != nil {
 		t.Fatalf("offsets not committed by the final cycle: %v", err)
 	}
 	wantEpochs(t, dir, 1)

@@ -205,7 +205,7 @@ func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (*Res
 	start := time.Now()
 	lagErr := waitReady(wctx, workers, o.Timeout)
 	if lagErr == nil {
-		lagErr = WaitForLag0(wctx, client, a.id, g.Subscriptions(), o.Timeout)
+		lagErr = waitForLag0(wctx, client, a.id, g.Subscriptions(), o.Timeout)
 	}
 	if lagErr == nil && o.Inspect != nil {
 		o.Inspect(workers)
@@ -231,7 +231,7 @@ func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (*Res
 		if o.Dump != "" && o.Dump != "all" && d.Name() != o.Dump {
 			continue
 		}
-		m, err := ReadTable(ctx, client, d)
+		m, err := readTable(ctx, client, d)
 		if err != nil {
 			return nil, err
 		}
@@ -326,7 +326,11 @@ func (a *App) valueCheck(topic string) func([]byte) error {
 
 // GroupLag returns, per topic and partition, the highwater minus the group's
 // committed offset (the whole highwater when nothing is committed).
-func GroupLag(client sarama.Client, group string, topics []string) (map[string]map[int32]int64, error) {
+func GroupLag(client *Client, group string, topics []string) (map[string]map[int32]int64, error) {
+	return groupLag(client.sc, group, topics)
+}
+
+func groupLag(client sarama.Client, group string, topics []string) (map[string]map[int32]int64, error) {
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {
 		return nil, err
@@ -366,12 +370,16 @@ func GroupLag(client sarama.Client, group string, topics []string) (map[string]m
 
 // WaitForLag0 waits until the group's lag is 0 on every partition of topics, in
 // two checks in a row, or timeout passes (an error).
-func WaitForLag0(ctx context.Context, client sarama.Client, group string, topics []string, timeout time.Duration) error {
+func WaitForLag0(ctx context.Context, client *Client, group string, topics []string, timeout time.Duration) error {
+	return waitForLag0(ctx, client.sc, group, topics, timeout)
+}
+
+func waitForLag0(ctx context.Context, client sarama.Client, group string, topics []string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	zeros := 0
 	var last map[string]map[int32]int64
 	for {
-		lag, err := GroupLag(client, group, topics)
+		lag, err := groupLag(client, group, topics)
 		total := int64(0)
 		if err == nil {
 			last = lag

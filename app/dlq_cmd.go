@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/changelog"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/spf13/cobra"
@@ -41,16 +42,23 @@ type DeadLetter struct {
 	Value          []byte    `json:"value"`
 	// Headers are the source record's own headers (the runnel-* headers
 	// removed).
-	Headers []sarama.RecordHeader `json:"-"`
+	Headers []source.Header `json:"-"`
 }
 
 func decodeDeadLetter(m *sarama.ConsumerMessage) DeadLetter {
+	rec := source.Record{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Timestamp: m.Timestamp}
+	for _, h := range m.Headers {
+		if h != nil {
+			rec.Headers = append(rec.Headers, source.Header{Key: h.Key, Value: h.Value})
+		}
+	}
+	return decodeDeadLetterRecord(&rec)
+}
+
+func decodeDeadLetterRecord(m *source.Record) DeadLetter {
 	d := DeadLetter{DLQTopic: m.Topic, DLQPartition: m.Partition, DLQOffset: m.Offset, Key: m.Key, Value: m.Value,
 		Timestamp: m.Timestamp, Partition: -1, Offset: -1}
 	for _, h := range m.Headers {
-		if h == nil {
-			continue
-		}
 		v := string(h.Value)
 		switch string(h.Key) {
 		case HeaderReason:
@@ -72,7 +80,7 @@ func decodeDeadLetter(m *sarama.ConsumerMessage) DeadLetter {
 		case HeaderTimestamp:
 			d.DeadLetteredAt = v
 		default:
-			d.Headers = append(d.Headers, sarama.RecordHeader{Key: h.Key, Value: h.Value})
+			d.Headers = append(d.Headers, h)
 		}
 	}
 	return d
@@ -533,7 +541,10 @@ func (a *App) ReplayDeadLetters(ctx context.Context, agent string, o ReplayOptio
 			return nil
 		}
 		msg := &sarama.ProducerMessage{Topic: d.Topic, Partition: p, Key: bytesOrNil(d.Key), Value: bytesOrNil(d.Value),
-			Timestamp: d.Timestamp, Headers: d.Headers}
+			Timestamp: d.Timestamp}
+		for _, h := range d.Headers {
+			msg.Headers = append(msg.Headers, sarama.RecordHeader{Key: h.Key, Value: h.Value})
+		}
 		s := sent{dlqPart: m.Partition, next: m.Offset + 1, done: make(chan error, 1)}
 		if err := prod.Send(msg, func(_ int32, _ int64, err error) { s.done <- err }); err != nil {
 			return fmt.Errorf("replay %s[%d]@%d to %s[%d]: %w", m.Topic, m.Partition, m.Offset, d.Topic, p, err)

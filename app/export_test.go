@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"time"
+
+	"github.com/IBM/sarama"
 )
 
 // SetMinTxnTimeout lowers the least transaction timeout under ExactlyOnce
@@ -41,3 +43,6 @@ func HoldRestores(hold func() bool) (remove func()) {
 	}
 	return func() { testRestoreOffsets = nil }
 }
+
+// WrapClient gives a test's Sarama client the type the tools take.
+func WrapClient(c sarama.Client) *Client { return wrapClient(c) }

@@ -1,6 +1,6 @@
 package app
 
-import "github.com/IBM/sarama"
+import "github.com/runnel-dev/runnel/agent/source"
 
 // What a test harness (package runneltest) needs of an App beyond a worker's
 // options: settings changed after New, and dead letters decoded.
@@ -15,8 +15,9 @@ func (a *App) Configure(opts ...Option) {
 	}
 }
 
-// DecodeDeadLetter decodes one record of a dead-letter topic: the source
-// record's key, value and timestamp, and the runnel-* headers (HeaderReason
-// and the others); a header that is missing or malformed leaves its field
-// empty (Partition and Offset -1).
-func DecodeDeadLetter(m *sarama.ConsumerMessage) DeadLetter { return decodeDeadLetter(m) }
+// DecodeDeadLetter decodes one record of a dead-letter topic (rec's topic,
+// partition and offset locate the dead letter): the source record's key,
+// value and timestamp, and the runnel-* headers (HeaderReason and the
+// others); a header that is missing or malformed leaves its field empty
+// (Partition and Offset -1).
+func DecodeDeadLetter(rec *source.Record) DeadLetter { return decodeDeadLetterRecord(rec) }

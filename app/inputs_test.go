@@ -64,7 +64,7 @@ func newJoinApp(t *testing.T, id string, opts ...app.Option) *app.App {
 	}, agent.WritesTo(names))
 	agent.New(a, "orders", orders, func(ctx context.Context, s *agent.Stream[string, order]) error {
 		for ev := range s.Events() {
-			at := ev.Record.Timestamp.UTC().Format(time.RFC3339Nano)
+			at := ev.Timestamp().UTC().Format(time.RFC3339Nano)
 			if _, err := totals.Update(ev, ev.Key, func(o orderSum) orderSum {
 				o.Total += ev.Value.Amount
 				if at > o.Last {

@@ -21,7 +21,11 @@ import (
 // Effects of records whose source offsets are not committed yet are included;
 // records of aborted transactions (ExactlyOnce) are not: it reads
 // read_committed.
-func ReadTable(ctx context.Context, client sarama.Client, d table.Def) (map[string]any, error) {
+func ReadTable(ctx context.Context, client *Client, d table.Def) (map[string]any, error) {
+	return readTable(ctx, client.sc, d)
+}
+
+func readTable(ctx context.Context, client sarama.Client, d table.Def) (map[string]any, error) {
 	topic := d.Changelog()
 	parts, err := client.Partitions(topic)
 	if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {

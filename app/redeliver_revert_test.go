@@ -98,8 +98,8 @@ func TestFailedRecordRevertsToACycleAtIt(t *testing.T) {
 			})
 			agent.New(a, "tally", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 				for ev := range s.Events() {
-					if ev.Record.Partition == 0 {
-						seen.add(ev.Record.Offset)
+					if ev.Partition() == 0 {
+						seen.add(ev.Offset())
 					}
 					if _, err := tally.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
 						return err

@@ -347,7 +347,7 @@ func TestTwoAgentsOneSlow(t *testing.T) {
 			if err := f.sink.Send(ev, ev.Key, ev.Value); err != nil {
 				return err
 			}
-			if ev.Record.Offset == n-1 {
+			if ev.Offset() == n-1 {
 				close(fastDone)
 			}
 		}
@@ -356,7 +356,7 @@ func TestTwoAgentsOneSlow(t *testing.T) {
 	agent.New(f.app, "slow", f.in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
 			slow.inc(ev.Value)
-			if ev.Record.Offset == n/2 {
+			if ev.Offset() == n/2 {
 				// Hold record n/2 until the fast agent finished everything and
 				// several commit intervals passed.
 				<-fastDone

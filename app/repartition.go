@@ -13,7 +13,7 @@ import (
 
 // sendAt produces one derived record with timestamp ts (table.Env.SendAt):
 // records of repartition topics keep the timestamp of the record they were
-// derived from. The record goes through the worker's producer like every
+// derived from, records a timer sends carry the firing's time. The record goes through the worker's producer like every
 // sink record (so it is bound to its event the same way).
 func (w *Worker) sendAt(topic string, p int32, key, value []byte, ts time.Time, ack table.Acker) error {
 	return w.producer.SendRecordAt(topic, p, key, value, ts, ack)

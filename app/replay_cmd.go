@@ -98,7 +98,7 @@ partition got, when the idle timeout or the deadline expires.`,
 				return err
 			}
 			defer client.Close()
-			plan, err := replay.NewPlan(client, spec)
+			plan, err := replay.NewPlan(wrapClient(client), spec)
 			if err != nil {
 				return err
 			}
@@ -124,7 +124,7 @@ partition got, when the idle timeout or the deadline expires.`,
 					progressbar.OptionSetItsString("offsets"), progressbar.OptionThrottle(100*time.Millisecond))
 				opts.OnProgress = func(p replay.Progress) { _ = bar.Set64(p.Offsets) }
 			}
-			res, err := replay.Run(cmd.Context(), client, plan, replay.Target{Agent: target, Effect: effect, Tables: tables}, opts)
+			res, err := replay.Run(cmd.Context(), wrapClient(client), plan, replay.Target{Agent: target, Effect: effect, Tables: tables}, opts)
 			if bar != nil {
 				_ = bar.Finish()
 				fmt.Fprintln(os.Stderr)

@@ -80,7 +80,7 @@ func TestFailingRecordRestartsOnlyItsPartition(t *testing.T) {
 	}
 	send(t, brokers, in.Name(), more...)
 	waitUntil(t, 30*time.Second, "partitions 1-3 committed to their ends", func() bool {
-		lag, err := app.GroupLag(client, id, []string{in.Name()})
+		lag, err := app.GroupLag(app.WrapClient(client), id, []string{in.Name()})
 		if err != nil {
 			return false
 		}
@@ -98,7 +98,7 @@ func TestFailingRecordRestartsOnlyItsPartition(t *testing.T) {
 	}
 	want := map[string]int{ws[0]: 11, ws[1]: 25, ws[2]: 25, ws[3]: 25}
 	wantCounts(t, storeTable(t, dir, "counts"), want)
-	got, err := app.ReadTable(context.Background(), client, gcounts)
+	got, err := app.ReadTable(context.Background(), app.WrapClient(client), gcounts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -302,13 +302,13 @@ func runSecuredCount(t *testing.T, brokers []string, client sarama.Client, opts 
 	if err := prod.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := app.WaitForLag0(ctx, client, id, []string{words.Name()}, 60*time.Second); err != nil {
+	if err := app.WaitForLag0(ctx, app.WrapClient(client), id, []string{words.Name()}, 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if err := stop(); err != nil {
 		t.Fatalf("worker: %v", err)
 	}
-	got, err := app.ReadTable(context.Background(), client, counts)
+	got, err := app.ReadTable(context.Background(), app.WrapClient(client), counts)
 	if err != nil {
 		t.Fatal(err)
 	}

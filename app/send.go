@@ -446,8 +446,8 @@ func (t *ackTracker) failed() bool {
 // naming it; a produce failure (or the end of ctx) stops producing and gives
 // a *SendError saying how many records were sent and from which line to
 // resume. progress, if not nil, is called with the bytes read so far.
-func SendLines(ctx context.Context, client sarama.Client, topic string, partitions int32, keyField string, r io.Reader, progress func(n int64)) (SendStats, error) {
-	return sendLines(ctx, client, topic, partitions, lineRules{keyField: keyField}, 0, r, progress)
+func SendLines(ctx context.Context, client *Client, topic string, partitions int32, keyField string, r io.Reader, progress func(n int64)) (SendStats, error) {
+	return sendLines(ctx, client.sc, topic, partitions, lineRules{keyField: keyField}, 0, r, progress)
 }
 
 func sendLines(ctx context.Context, client sarama.Client, topic string, partitions int32, rules lineRules, fromLine int, r io.Reader, progress func(n int64)) (SendStats, error) {
@@ -564,13 +564,13 @@ type SendOptions struct {
 // truncated or corrupt file gives an *InputError and produces nothing; a
 // failure while producing gives a *SendError with the line to resume from.
 // Standard input ("-") is spooled to a temporary file while it is validated.
-func SendInput(ctx context.Context, client sarama.Client, path string, o SendOptions) (SendStats, error) {
+func SendInput(ctx context.Context, client *Client, path string, o SendOptions) (SendStats, error) {
 	in, err := prepareInput(path, o)
 	if err != nil {
 		return SendStats{}, err
 	}
 	defer in.close()
-	return in.send(ctx, client)
+	return in.send(ctx, client.sc)
 }
 
 // preparedInput is an input validated whole, ready to be produced: several

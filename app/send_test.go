@@ -141,7 +141,7 @@ func TestSendValidatesWholeInputBeforeProducing(t *testing.T) {
 	path := writeInput(t, "in.jsonl", lines)
 	check := func(b []byte) error { _, err := codec.JSON[sendEvent]().Decode(b); return err }
 
-	_, err := app.SendInput(context.Background(), client, path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "actor", CheckValue: check})
+	_, err := app.SendInput(context.Background(), app.WrapClient(client), path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "actor", CheckValue: check})
 	var ie *app.InputError
 	if !errors.As(err, &ie) {
 		t.Fatalf("err = %v, want an *InputError", err)
@@ -159,7 +159,7 @@ func TestSendValidatesWholeInputBeforeProducing(t *testing.T) {
 	// The fixed file is sent whole, once.
 	lines[20], lines[34] = `{"actor":"a21","dirs":["d"]}`, `{"actor":"a35","dirs":["d"]}`
 	path = writeInput(t, "fixed.jsonl", lines)
-	st, err := app.SendInput(context.Background(), client, path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "actor", CheckValue: check})
+	st, err := app.SendInput(context.Background(), app.WrapClient(client), path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "actor", CheckValue: check})
 	if err != nil || st.Records != 40 {
 		t.Fatalf("send fixed file = %+v, %v; want 40 records", st, err)
 	}
@@ -182,7 +182,7 @@ func TestSendChecksKeyCodec(t *testing.T) {
 	path := writeInput(t, "keys.jsonl", lines)
 	a := app.New("send-keys")
 	tp := app.Topic(a, topic, codec.DecimalInt64(), codec.JSON[sendEvent]())
-	_, err := app.SendInput(context.Background(), client, path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "id",
+	_, err := app.SendInput(context.Background(), app.WrapClient(client), path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "id",
 		CheckKey: tp.CheckKey, CheckValue: tp.CheckValue})
 	var ie *app.InputError
 	if !errors.As(err, &ie) || ie.Bad != 1 || ie.Lines[0].Line != 7 {
@@ -196,7 +196,7 @@ func TestSendChecksKeyCodec(t *testing.T) {
 	}
 	lines[6] = `{"id":"7","dirs":["d"]}`
 	path = writeInput(t, "keys-fixed.jsonl", lines)
-	if st, err := app.SendInput(context.Background(), client, path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "id",
+	if st, err := app.SendInput(context.Background(), app.WrapClient(client), path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "id",
 		CheckKey: tp.CheckKey, CheckValue: tp.CheckValue}); err != nil || st.Records != 10 {
 		t.Fatalf("send fixed file = %+v, %v; want 10 records", st, err)
 	}
@@ -216,7 +216,7 @@ func TestSendTruncatedGzip(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, err = app.SendInput(context.Background(), client, path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "actor"})
+	_, err = app.SendInput(context.Background(), app.WrapClient(client), path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "actor"})
 	if !errors.Is(err, app.ErrTruncatedInput) {
 		t.Fatalf("err = %v, want ErrTruncatedInput", err)
 	}
@@ -235,7 +235,7 @@ func TestSendTruncatedGzip(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer in.Close()
-	st, err := app.SendLines(context.Background(), client, topic, sendParts, "actor", in, nil)
+	st, err := app.SendLines(context.Background(), app.WrapClient(client), topic, sendParts, "actor", in, nil)
 	if !errors.Is(err, app.ErrTruncatedInput) || strings.Contains(err.Error(), "JSON") {
 		t.Fatalf("SendLines err = %v, want ErrTruncatedInput", err)
 	}
@@ -259,7 +259,7 @@ func TestSendProduceFailureSaysWhereToResume(t *testing.T) {
 	lines[20] = fmt.Sprintf(`{"actor":"a21","dirs":["%s"]}`, strings.Repeat("x", 4000))
 	path := writeInput(t, "in.jsonl", lines)
 
-	_, err := app.SendInput(context.Background(), small, path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "actor"})
+	_, err := app.SendInput(context.Background(), app.WrapClient(small), path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "actor"})
 	var se *app.SendError
 	if !errors.As(err, &se) {
 		t.Fatalf("err = %v, want a *SendError", err)
@@ -288,7 +288,7 @@ func TestSendProduceFailureSaysWhereToResume(t *testing.T) {
 
 	// Resume from line 21 with a producer that takes the large record.
 	normal := newClientFor(t, brokers)
-	st, err := app.SendInput(context.Background(), normal, path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "actor", FromLine: se.ResumeLine})
+	st, err := app.SendInput(context.Background(), app.WrapClient(normal), path, app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "actor", FromLine: se.ResumeLine})
 	if err != nil || st.Records != 40 {
 		t.Fatalf("resume = %+v, %v; want 40 records (lines 21-60)", st, err)
 	}
@@ -325,7 +325,7 @@ func TestSendStdin(t *testing.T) {
 	lines := eventLines(30)
 	lines[29] = `{"dirs":["d"]}` // no key field
 	stdin(lines)
-	_, err := app.SendInput(context.Background(), client, "-", app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "actor"})
+	_, err := app.SendInput(context.Background(), app.WrapClient(client), "-", app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "actor"})
 	var ie *app.InputError
 	if !errors.As(err, &ie) || ie.Bad != 1 || ie.Lines[0].Line != 30 {
 		t.Fatalf("err = %v, want an InputError for line 30", err)
@@ -335,7 +335,7 @@ func TestSendStdin(t *testing.T) {
 	}
 	lines[29] = `{"actor":"a30","dirs":["d"]}`
 	stdin(lines)
-	if st, err := app.SendInput(context.Background(), client, "-", app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "actor"}); err != nil || st.Records != 30 {
+	if st, err := app.SendInput(context.Background(), app.WrapClient(client), "-", app.SendOptions{Topic: topic, Partitions: sendParts, KeyField: "actor"}); err != nil || st.Records != 30 {
 		t.Fatalf("send stdin = %+v, %v; want 30 records", st, err)
 	}
 	if got := topicValues(t, brokers, topic); !slices.Equal(got, slices.Sorted(slices.Values(lines))) {

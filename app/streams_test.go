@@ -322,7 +322,8 @@ func TestWallClockTimerWritesAndSends(t *testing.T) {
 // interval the record falls in, and then for every multiple of its
 // interval the partition's record timestamps pass, each once and in order,
 // however fast the records come; what it wrote to its table is the last
-// firing.
+// firing, and each record it sent carries its firing's stream time (Kafka
+// Streams forwards at the punctuation's time), not the wall clock.
 func TestStreamTimeTimerFiresEveryInterval(t *testing.T) {
 	brokers := testbroker.Brokers(t)
 	id := testbroker.Topic(t, "stime")
@@ -396,6 +397,9 @@ func TestStreamTimeTimerFiresEveryInterval(t *testing.T) {
 		var seq []string
 		for _, m := range got[p] {
 			seq = append(seq, string(m.Value))
+			if at := m.Timestamp.UTC().Format(time.RFC3339); at != string(m.Value) {
+				t.Errorf("partition %d: the record of the firing at %s is stamped %s", p, m.Value, at)
+			}
 		}
 		if !slices.Equal(seq, want) {
 			t.Fatalf("partition %d fired %v, want %v", p, seq, want)

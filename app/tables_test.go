@@ -297,7 +297,7 @@ func TestTombstonesAndCoPartitioningThroughWorker(t *testing.T) {
 	fresh := t.TempDir()
 	runWorker(t, brokers, c, fresh)
 	wantCounts(t, storeTable(t, fresh, "counts"), want)
-	got, err := app.ReadTable(context.Background(), client, c.counts)
+	got, err := app.ReadTable(context.Background(), app.WrapClient(client), c.counts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -234,7 +234,7 @@ func runFenceWorker(t *testing.T, a *app.App, brokers []string, dir string) (w *
 // at once when the worker stopped.
 func waitGroupLag0(t *testing.T, running context.Context, client sarama.Client, group, topic string, d time.Duration) {
 	t.Helper()
-	if err := app.WaitForLag0(running, client, group, []string{topic}, d); err != nil {
+	if err := app.WaitForLag0(running, app.WrapClient(client), group, []string{topic}, d); err != nil {
 		t.Fatalf("%v (worker stopped: %v)", err, running.Err() != nil)
 	}
 }

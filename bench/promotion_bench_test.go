@@ -165,16 +165,21 @@ func runPromotion(b *testing.B, replicas, n int) promotionResult {
 	for i := range n {
 		fmt.Fprintf(&input, "{\"k\":\"key-%d\"}\n", i)
 	}
-	if _, err := app.SendLines(context.Background(), client, events.Name(), promotionParts, "k", &input, nil); err != nil {
+	tools, err := app.Dial(context.Background(), brokers)
+	if err != nil {
 		b.Fatal(err)
 	}
-	if err := app.WaitForLag0(context.Background(), client, id, []string{events.Name()}, 2*time.Minute); err != nil {
+	defer tools.Close()
+	if _, err := app.SendLines(context.Background(), tools, events.Name(), promotionParts, "k", &input, nil); err != nil {
+		b.Fatal(err)
+	}
+	if err := app.WaitForLag0(context.Background(), tools, id, []string{events.Name()}, 2*time.Minute); err != nil {
 		b.Fatal(err)
 	}
 	// A rebalance during the load (a member evicted on the shared cores) can
 	// leave the group unbalanced for a while: wait until it settles again.
 	waitFor(b, time.Minute, "two workers with 4 active partitions each after the load", balanced)
-	if err := app.WaitForLag0(context.Background(), client, id, []string{events.Name()}, 2*time.Minute); err != nil {
+	if err := app.WaitForLag0(context.Background(), tools, id, []string{events.Name()}, 2*time.Minute); err != nil {
 		b.Fatal(err)
 	}
 	aParts := slices.Clone(wa.w.Assignment().Actives[events.Name()])
@@ -250,7 +255,7 @@ func runPromotion(b *testing.B, replicas, n int) promotionResult {
 		b.Fatalf("worker b: %v", err)
 	}
 	wb.done <- nil
-	m, err := app.ReadTable(context.Background(), client, counts)
+	m, err := app.ReadTable(context.Background(), tools, counts)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -48,12 +48,12 @@ func BenchmarkReplayRealData(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				db, once := openAuditDB(b, filepath.Join(b.TempDir(), "audit.db"))
 				want := expectedIDs(all, r.from, r.to)
-				plan, err := NewPlan(f.client, Spec{Topic: topic, From: r.from, To: r.to, Group: fmt.Sprintf("replay-%s-%d-%s", r.name, i, topic), LiveGroup: "change-audit"})
+				plan, err := newPlan(f.client, Spec{Topic: topic, From: r.from, To: r.to, Group: fmt.Sprintf("replay-%s-%d-%s", r.name, i, topic), LiveGroup: "change-audit"})
 				if err != nil {
 					b.Fatal(err)
 				}
 				app := newAuditApp(topic, once, 0, nil)
-				res, err := Run(context.Background(), f.client, plan, Target{Agent: app.runner, Effect: "audit", Tables: app.tables}, Options{})
+				res, err := run(context.Background(), f.client, plan, Target{Agent: app.runner, Effect: "audit", Tables: app.tables}, Options{})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -106,7 +106,7 @@ func BenchmarkReplayNoop(b *testing.B) {
 		var counted [parts]int64
 		runner := agent.New(h, "noop", src, func(ctx context.Context, s *agent.Stream[string, string]) error {
 			for ev := range s.Events() {
-				if _, err := fx.Apply(ev, func() (bool, error) { counted[ev.Record.Partition]++; return true, nil }); err != nil {
+				if _, err := fx.Apply(ev, func() (bool, error) { counted[ev.Partition()]++; return true, nil }); err != nil {
 					return err
 				}
 			}
@@ -120,11 +120,11 @@ func BenchmarkReplayNoop(b *testing.B) {
 			}
 			offs[q] = Range{0, end}
 		}
-		plan, err := NewPlan(f.client, Spec{Topic: topic, Offsets: offs, Group: fmt.Sprintf("replay-noop-%d-%s", i, topic), LiveGroup: "live"})
+		plan, err := newPlan(f.client, Spec{Topic: topic, Offsets: offs, Group: fmt.Sprintf("replay-noop-%d-%s", i, topic), LiveGroup: "live"})
 		if err != nil {
 			b.Fatal(err)
 		}
-		res, err := Run(context.Background(), f.client, plan, Target{Agent: runner, Effect: "count"}, Options{})
+		res, err := run(context.Background(), f.client, plan, Target{Agent: runner, Effect: "count"}, Options{})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -207,7 +207,7 @@ func newAuditApp(topic string, once *SQLOnce, delay time.Duration, db *downDB) *
 					})
 				}
 				if db != nil {
-					return db.apply(ev.Record.Partition, ev.Record.Offset, apply)
+					return db.apply(ev.Partition(), ev.Offset(), apply)
 				}
 				return apply()
 			}); err != nil {
@@ -305,14 +305,14 @@ func TestReplayRealDay(t *testing.T) {
 	commitLive(t, f, live, topic, map[int32]int64{0: 3, 5: 1})
 
 	db, once := openAuditDB(t, filepath.Join(t.TempDir(), "audit.db"))
-	plan, err := NewPlan(f.client, Spec{Topic: topic, From: day, To: day.AddDate(0, 0, 1), Group: live + "-replay", LiveGroup: live})
+	plan, err := newPlan(f.client, Spec{Topic: topic, From: day, To: day.AddDate(0, 0, 1), Group: live + "-replay", LiveGroup: live})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The database goes down after 40 audit rows.
 	down := &downDB{after: 40, firstFail: map[int32]int64{}}
 	app := newAuditApp(topic, once, 0, down)
-	res, err := Run(context.Background(), f.client, plan, Target{Agent: app.runner, Effect: "audit", Tables: app.tables}, Options{})
+	res, err := run(context.Background(), f.client, plan, Target{Agent: app.runner, Effect: "audit", Tables: app.tables}, Options{})
 	var inc *IncompleteError
 	if !errors.As(err, &inc) {
 		t.Fatalf("failing database: got %v, want an IncompleteError", err)
@@ -341,7 +341,7 @@ func TestReplayRealDay(t *testing.T) {
 	t.Logf("first run: %v", err)
 
 	app = newAuditApp(topic, once, 0, nil)
-	res, err = Run(context.Background(), f.client, plan, Target{Agent: app.runner, Effect: "audit", Tables: app.tables}, Options{})
+	res, err = run(context.Background(), f.client, plan, Target{Agent: app.runner, Effect: "audit", Tables: app.tables}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +359,7 @@ func TestReplayRealDay(t *testing.T) {
 	plan2 := *plan
 	plan2.Group = live + "-replay-2"
 	app = newAuditApp(topic, once, 0, nil)
-	res, err = Run(context.Background(), f.client, &plan2, Target{Agent: app.runner, Effect: "audit", Tables: app.tables}, Options{})
+	res, err = run(context.Background(), f.client, &plan2, Target{Agent: app.runner, Effect: "audit", Tables: app.tables}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,12 +451,12 @@ func childReplay() error {
 	if err != nil {
 		return err
 	}
-	plan, err := NewPlan(client, Spec{Topic: env("TOPIC"), From: from, To: to, Group: env("GROUP"), LiveGroup: env("LIVE")})
+	plan, err := newPlan(client, Spec{Topic: env("TOPIC"), From: from, To: to, Group: env("GROUP"), LiveGroup: env("LIVE")})
 	if err != nil {
 		return err
 	}
 	app := newAuditApp(env("TOPIC"), once, 10*time.Millisecond, nil)
-	_, err = Run(context.Background(), client, plan, Target{Agent: app.runner, Effect: "audit", Tables: app.tables}, Options{})
+	_, err = run(context.Background(), client, plan, Target{Agent: app.runner, Effect: "audit", Tables: app.tables}, Options{})
 	return err
 }
 
@@ -521,11 +521,11 @@ func TestReplayCrashRestart(t *testing.T) {
 	committedAtKill := f.committed(group, topic, 8)
 
 	app := newAuditApp(topic, once, 0, nil)
-	plan, err := NewPlan(f.client, Spec{Topic: topic, From: day, To: day.AddDate(0, 0, 1), Group: group, LiveGroup: live})
+	plan, err := newPlan(f.client, Spec{Topic: topic, From: day, To: day.AddDate(0, 0, 1), Group: group, LiveGroup: live})
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Run(context.Background(), f.client, plan, Target{Agent: app.runner, Effect: "audit", Tables: app.tables}, Options{})
+	res, err := run(context.Background(), f.client, plan, Target{Agent: app.runner, Effect: "audit", Tables: app.tables}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,12 +42,12 @@ func TestRunCompactedGaps(t *testing.T) {
 	if want[0] != 0 || want[len(want)-1] != 8 {
 		t.Fatalf("survivors %v: expected the unique head and the last record", want)
 	}
-	plan, err := NewPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 9}}, Group: "r-" + topic, LiveGroup: "live"})
+	plan, err := newPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 9}}, Group: "r-" + topic, LiveGroup: "live"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pr := newProbe(topic, 1)
-	res, err := Run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
+	res, err := run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,12 +120,12 @@ func TestRunTransactionMarkers(t *testing.T) {
 		t.Fatalf("log: end %d, data %v, committed data %v: want 7 and 5 records and a trailing marker", end, uncommitted, committed)
 	}
 	run := func(client sarama.Client, group string) (*Result, []int64) {
-		plan, err := NewPlan(client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, end}}, Group: group, LiveGroup: "live"})
+		plan, err := newPlan(client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, end}}, Group: group, LiveGroup: "live"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		pr := newProbe(topic, 1)
-		res, err := Run(context.Background(), client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
+		res, err := run(context.Background(), client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +236,7 @@ func TestPlanReadCommittedEnd(t *testing.T) {
 		}
 	}
 	spec := Spec{Topic: topic, From: day0, To: day0.Add(time.Hour), Group: "r-" + topic, LiveGroup: "live"}
-	plan, err := NewPlan(f.client, spec)
+	plan, err := newPlan(f.client, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +244,7 @@ func TestPlanReadCommittedEnd(t *testing.T) {
 		t.Fatalf("read_uncommitted plan %+v, want end and stop 5", pp)
 	}
 	spec.ReadCommitted = true
-	plan, err = NewPlan(f.client, spec)
+	plan, err = newPlan(f.client, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func TestPlanReadCommittedEnd(t *testing.T) {
 		t.Fatalf("read_committed plan %+v, want [0, 3), end 3", pp)
 	}
 	pr := newProbe(topic, 1)
-	res, err := Run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{ReadCommitted: true, IdleTimeout: 10 * time.Second})
+	res, err := run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{ReadCommitted: true, IdleTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

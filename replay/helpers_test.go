@@ -153,7 +153,7 @@ func newProbe(topic string, partitions int32, opts ...agent.Option) *probe {
 					<-ctx.Done()
 					return false, ctx.Err()
 				}
-				k := fmt.Sprintf("%d/%d", ev.Record.Partition, ev.Record.Offset)
+				k := fmt.Sprintf("%d/%d", ev.Partition(), ev.Offset())
 				pr.mu.Lock()
 				defer pr.mu.Unlock()
 				if k == pr.failAt {
@@ -164,7 +164,7 @@ func newProbe(topic string, partitions int32, opts ...agent.Option) *probe {
 					return false, nil
 				}
 				pr.applied[k] = true
-				pr.order[ev.Record.Partition] = append(pr.order[ev.Record.Partition], ev.Record.Offset)
+				pr.order[ev.Partition()] = append(pr.order[ev.Partition()], ev.Offset())
 				return true, nil
 			})
 			if err != nil {

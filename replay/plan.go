@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/internal/kafka"
 )
 
 // Errors of NewPlan and Run. Every error returned wraps one of them, or an
@@ -125,7 +126,21 @@ func (p *Plan) String() string {
 //
 // Errors: ErrLiveGroup, ErrBadRange, ErrBeyondEnd (explicit stop past the
 // captured end), ErrBelowLogStart, and the broker's.
-func NewPlan(client sarama.Client, spec Spec) (*Plan, error) {
+func NewPlan(c Cluster, spec Spec) (*Plan, error) {
+	return newPlan(kafka.SaramaClient(c), spec)
+}
+
+// Cluster is the connection to the Kafka cluster a replay plans with and reads
+// from: an *app.Client (app.Dial, App.Client). No type outside Runnel
+// implements it.
+type Cluster interface {
+	carrier
+}
+
+// carrier is unexported so that Cluster's method is no part of its API.
+type carrier = kafka.ClientCarrier
+
+func newPlan(client sarama.Client, spec Spec) (*Plan, error) {
 	if spec.Group == "" || spec.Group == spec.LiveGroup {
 		return nil, fmt.Errorf("replay %s: group %q, live group %q: %w", spec.Topic, spec.Group, spec.LiveGroup, ErrLiveGroup)
 	}

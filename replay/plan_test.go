@@ -26,7 +26,7 @@ func TestPlanTimeRange(t *testing.T) {
 	for _, ts := range []time.Duration{-1 * h, 0, 12 * h} {
 		f.produce(topic, 3, "k", "v", day0.Add(ts))
 	}
-	plan, err := NewPlan(f.client, Spec{Topic: topic, From: day0, To: day0.Add(24 * h), Group: "replay-g", LiveGroup: "live"})
+	plan, err := newPlan(f.client, Spec{Topic: topic, From: day0, To: day0.Add(24 * h), Group: "replay-g", LiveGroup: "live"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,14 +78,14 @@ func TestPlanRefusals(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := NewPlan(f.client, c.spec)
+			_, err := newPlan(f.client, c.spec)
 			if !errors.Is(err, c.want) {
 				t.Fatalf("got %v, want %v", err, c.want)
 			}
 		})
 	}
 	// An explicit range up to the end is fine, and exact.
-	plan, err := NewPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {1, 3}, 1: {0, 0}}, Group: "r", LiveGroup: "live"})
+	plan, err := newPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {1, 3}, 1: {0, 0}}, Group: "r", LiveGroup: "live"})
 	if err != nil {
 		t.Fatal(err)
 	}

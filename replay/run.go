@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/internal/kafka"
 
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/agent/source"
@@ -236,7 +237,11 @@ func (g *gate) Done(_ string, applied bool, err error) {
 // *IncompleteError (wrapping the cause: ErrBackwards, an agent's error, the
 // deadline, errIdle, the broker's), and the Result says how far it got.
 // Errors before reading: ErrLiveGroup, ErrGroupOutside, ErrBeyondEnd.
-func Run(ctx context.Context, client sarama.Client, plan *Plan, target Target, opts Options) (*Result, error) {
+func Run(ctx context.Context, c Cluster, plan *Plan, target Target, opts Options) (*Result, error) {
+	return run(ctx, kafka.SaramaClient(c), plan, target, opts)
+}
+
+func run(ctx context.Context, client sarama.Client, plan *Plan, target Target, opts Options) (*Result, error) {
 	opts.defaults()
 	opts.iso = client.Config().Consumer.IsolationLevel
 	if opts.ReadCommitted {

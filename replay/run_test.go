@@ -29,7 +29,7 @@ func TestRunDay(t *testing.T) {
 	// An out-of-order timestamp inside p0's range: read, not delivered.
 	f.produce(topic, 0, "late", "x", day0.Add(-3*h))
 	f.produce(topic, 0, "k", "after2", day0.Add(26*h))
-	plan, err := NewPlan(f.client, Spec{Topic: topic, From: day0, To: day0.Add(24 * h), Group: "replay-" + topic, LiveGroup: "live-" + topic})
+	plan, err := newPlan(f.client, Spec{Topic: topic, From: day0, To: day0.Add(24 * h), Group: "replay-" + topic, LiveGroup: "live-" + topic})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestRunDay(t *testing.T) {
 		}
 	}
 	pr := newProbe(topic, 3)
-	res, err := Run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
+	res, err := run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestRunDay(t *testing.T) {
 		t.Errorf("live group committed %v", live)
 	}
 	// Replaying the same plan again in the same group does nothing.
-	res2, err := Run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
+	res2, err := run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,12 +83,12 @@ func TestRunOutOfRangeTimestamps(t *testing.T) {
 	f.produce(topic, 0, "b", "v", day0.Add(-time.Hour))   // 1: before the day
 	f.produce(topic, 0, "c", "v", day0.Add(2*time.Hour))  // 2
 	f.produce(topic, 0, "d", "v", day0.Add(48*time.Hour)) // 3: stop
-	plan, err := NewPlan(f.client, Spec{Topic: topic, From: day0, To: day0.Add(24 * time.Hour), Group: "r-" + topic, LiveGroup: "live"})
+	plan, err := newPlan(f.client, Spec{Topic: topic, From: day0, To: day0.Add(24 * time.Hour), Group: "r-" + topic, LiveGroup: "live"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pr := newProbe(topic, 1)
-	res, err := Run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
+	res, err := run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,13 +111,13 @@ func TestRunFailingEffectResumes(t *testing.T) {
 			f.produce(topic, p, fmt.Sprint(i), "v", day0.Add(time.Duration(i)*time.Second))
 		}
 	}
-	plan, err := NewPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {5, 50}, 1: {0, 40}}, Group: "r-" + topic, LiveGroup: "live"})
+	plan, err := newPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {5, 50}, 1: {0, 40}}, Group: "r-" + topic, LiveGroup: "live"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pr := newProbe(topic, 2)
 	pr.failAt = "0/17"
-	res, err := Run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
+	res, err := run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
 	var inc *IncompleteError
 	if !errors.As(err, &inc) || inc.Reason != "failed" {
 		t.Fatalf("got %v, want an IncompleteError (failed)", err)
@@ -128,7 +128,7 @@ func TestRunFailingEffectResumes(t *testing.T) {
 	if res.Partitions[0].Done {
 		t.Fatalf("p0 reported done")
 	}
-	if _, err := Run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{}); err != nil {
+	if _, err := run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := pr.offsets(0); !slices.Equal(got, span(5, 50)) {
@@ -154,40 +154,40 @@ func TestRunRefusals(t *testing.T) {
 	}
 	pr := newProbe(topic, 1)
 	bad := &Plan{Topic: topic, Group: "r1-" + topic, LiveGroup: "live", Partitions: []PartitionPlan{{Partition: 0, Start: 0, Stop: 6, End: 5}}}
-	if _, err := Run(context.Background(), f.client, bad, Target{Agent: pr.runner, Effect: "audit"}, Options{}); !errors.Is(err, ErrBeyondEnd) {
+	if _, err := run(context.Background(), f.client, bad, Target{Agent: pr.runner, Effect: "audit"}, Options{}); !errors.Is(err, ErrBeyondEnd) {
 		t.Errorf("stop past end: %v", err)
 	}
 	live := &Plan{Topic: topic, Group: "live", LiveGroup: "live", Partitions: []PartitionPlan{{Partition: 0, Start: 0, Stop: 5, End: 5}}}
-	if _, err := Run(context.Background(), f.client, live, Target{Agent: pr.runner, Effect: "audit"}, Options{}); !errors.Is(err, ErrLiveGroup) {
+	if _, err := run(context.Background(), f.client, live, Target{Agent: pr.runner, Effect: "audit"}, Options{}); !errors.Is(err, ErrLiveGroup) {
 		t.Errorf("live group: %v", err)
 	}
-	plan, err := NewPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 3}}, Group: "r2-" + topic, LiveGroup: "live"})
+	plan, err := newPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 3}}, Group: "r2-" + topic, LiveGroup: "live"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{}); err != nil {
+	if _, err := run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{}); err != nil {
 		t.Fatal(err)
 	}
-	other, err := NewPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {3, 5}}, Group: plan.Group, LiveGroup: "live"})
+	other, err := newPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {3, 5}}, Group: plan.Group, LiveGroup: "live"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Run(context.Background(), f.client, other, Target{Agent: pr.runner, Effect: "audit"}, Options{}); err != nil {
+	if _, err := run(context.Background(), f.client, other, Target{Agent: pr.runner, Effect: "audit"}, Options{}); err != nil {
 		// committed 3 == other's start: allowed (continues where it ended)
 		t.Fatalf("adjacent plan: %v", err)
 	}
-	third, err := NewPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 2}}, Group: plan.Group, LiveGroup: "live"})
+	third, err := newPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 2}}, Group: plan.Group, LiveGroup: "live"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Run(context.Background(), f.client, third, Target{Agent: pr.runner, Effect: "audit"}, Options{}); !errors.Is(err, ErrGroupOutside) {
+	if _, err := run(context.Background(), f.client, third, Target{Agent: pr.runner, Effect: "audit"}, Options{}); !errors.Is(err, ErrGroupOutside) {
 		t.Errorf("group outside the plan: %v", err)
 	}
-	typo, err := NewPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 5}}, Group: "r3-" + topic, LiveGroup: "live"})
+	typo, err := newPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 5}}, Group: "r3-" + topic, LiveGroup: "live"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Run(context.Background(), f.client, typo, Target{Agent: newProbe(topic, 1).runner, Effect: "audti"}, Options{}); !errors.Is(err, ErrEffectUnused) {
+	if _, err := run(context.Background(), f.client, typo, Target{Agent: newProbe(topic, 1).runner, Effect: "audti"}, Options{}); !errors.Is(err, ErrEffectUnused) {
 		t.Errorf("misspelt effect: %v", err)
 	}
 }
@@ -204,7 +204,7 @@ func TestRunIdleAndDeadline(t *testing.T) {
 	}
 	pr := newProbe(topic, 1)
 	plan := &Plan{Topic: topic, Group: "r-idle-" + topic, LiveGroup: "live", Partitions: []PartitionPlan{{Partition: 0, Start: 0, Stop: 100, End: 100}}}
-	res, err := Run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{IdleTimeout: 300 * time.Millisecond})
+	res, err := run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{IdleTimeout: 300 * time.Millisecond})
 	var inc *IncompleteError
 	if !errors.As(err, &inc) || inc.Reason != "idle" || !errors.Is(err, errIdle) {
 		t.Fatalf("got %v, want an idle IncompleteError", err)
@@ -215,11 +215,11 @@ func TestRunIdleAndDeadline(t *testing.T) {
 
 	blocked := newProbe(topic, 1)
 	blocked.block = true
-	plan2, err := NewPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 3}}, Group: "r-deadline-" + topic, LiveGroup: "live"})
+	plan2, err := newPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 3}}, Group: "r-deadline-" + topic, LiveGroup: "live"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err = Run(context.Background(), f.client, plan2, Target{Agent: blocked.runner, Effect: "audit"}, Options{Deadline: 300 * time.Millisecond})
+	res, err = run(context.Background(), f.client, plan2, Target{Agent: blocked.runner, Effect: "audit"}, Options{Deadline: 300 * time.Millisecond})
 	if !errors.As(err, &inc) || inc.Reason != "deadline" {
 		t.Fatalf("got %v, want a deadline IncompleteError", err)
 	}
@@ -241,13 +241,13 @@ func TestRunDeadLetterPolicyEffectFails(t *testing.T) {
 	for i := 0; i < 10; i++ {
 		f.produce(topic, 0, "k", "v", day0)
 	}
-	plan, err := NewPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 10}}, Group: "r-" + topic, LiveGroup: "live"})
+	plan, err := newPlan(f.client, Spec{Topic: topic, Offsets: map[int32]Range{0: {0, 10}}, Group: "r-" + topic, LiveGroup: "live"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pr := newProbe(topic, 1, agent.OnError(agent.DeadLetter))
 	pr.failAt = "0/6"
-	res, err := Run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
+	res, err := run(context.Background(), f.client, plan, Target{Agent: pr.runner, Effect: "audit"}, Options{})
 	var fe *agent.EffectError
 	if !errors.As(err, &fe) || fe.Effect != "audit" {
 		t.Fatalf("got %v, want the effect's error", err)

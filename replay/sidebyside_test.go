@@ -91,6 +91,11 @@ func BenchmarkReplaySideBySide(b *testing.B) {
 
 	// The input, produced once; every round reads all of it.
 	first := build(testbroker.Topic(b, "sbs-live-0"))
+	tools, err := app.Dial(context.Background(), brokers)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tools.Close()
 	produceSynthetic(b, brokers, cfg, client, first.in.Name(), n, keys, parts)
 
 	live := func(round int, bt built) float64 {
@@ -113,7 +118,7 @@ func BenchmarkReplaySideBySide(b *testing.B) {
 			if firstAt.IsZero() && w.Processed() > 0 {
 				firstAt = time.Now()
 			}
-			lag, err := app.GroupLag(client, bt.a.ID(), []string{bt.in.Name()})
+			lag, err := app.GroupLag(tools, bt.a.ID(), []string{bt.in.Name()})
 			if err == nil && sumLag(lag) == 0 && w.Processed() > 0 {
 				break
 			}
@@ -137,11 +142,11 @@ func BenchmarkReplaySideBySide(b *testing.B) {
 			}
 			offs[p] = replay.Range{Start: 0, Stop: end}
 		}
-		plan, err := replay.NewPlan(client, replay.Spec{Topic: bt.in.Name(), Offsets: offs, Group: bt.a.ID() + "-replay", LiveGroup: bt.a.ID()})
+		plan, err := replay.NewPlan(tools, replay.Spec{Topic: bt.in.Name(), Offsets: offs, Group: bt.a.ID() + "-replay", LiveGroup: bt.a.ID()})
 		if err != nil {
 			b.Fatal(err)
 		}
-		res, err := replay.Run(context.Background(), client, plan, replay.Target{Agent: bt.runner, Effect: "count"}, replay.Options{})
+		res, err := replay.Run(context.Background(), tools, plan, replay.Target{Agent: bt.runner, Effect: "count"}, replay.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/internal/embedded"
 	"github.com/runnel-dev/runnel/internal/kafka"
@@ -59,6 +60,7 @@ type Driver struct {
 	broker  *embedded.Broker // nil with Options.Brokers
 	addrs   []string         // the broker's bootstrap addresses
 	client  sarama.Client
+	tools   *app.Client // what app.GroupLag and app.ReadTable take
 	prod    sarama.SyncProducer
 	workers []*app.Worker // replaced by Restart; not safe for concurrent use with it
 	n       int           // workers to run
@@ -136,6 +138,12 @@ func Start(a *app.App, o Options) (_ *Driver, err error) {
 	cfg := kafka.NewConfig("runneltest", v, t)
 	cfg.Consumer.IsolationLevel = d.isolation
 	if d.client, err = sarama.NewClient(d.addrs, cfg); err != nil {
+		return nil, fmt.Errorf("runneltest: client: %w", err)
+	}
+	dctx, dcancel := context.WithTimeout(context.Background(), o.Timeout)
+	d.tools, err = app.Dial(dctx, d.addrs)
+	dcancel()
+	if err != nil {
 		return nil, fmt.Errorf("runneltest: client: %w", err)
 	}
 	if d.prod, err = sarama.NewSyncProducerFromClient(d.client); err != nil {
@@ -220,6 +228,9 @@ func (d *Driver) Close() error {
 	if d.prod != nil {
 		_ = d.prod.Close()
 	}
+	if d.tools != nil {
+		_ = d.tools.Close()
+	}
 	if d.client != nil {
 		_ = d.client.Close()
 	}
@@ -271,20 +282,27 @@ func (d *Driver) poll(done func() (bool, error)) error {
 	}
 }
 
-// RecordOption sets a field of a record Send produces.
-type RecordOption func(*sarama.ProducerMessage)
+// RecordOption sets a field of a record Send produces: At, Header.
+type RecordOption interface {
+	apply(*sarama.ProducerMessage)
+}
+
+// recordOption is a RecordOption that is a function.
+type recordOption func(*sarama.ProducerMessage)
+
+func (o recordOption) apply(m *sarama.ProducerMessage) { o(m) }
 
 // At sets the record's timestamp (its CreateTime, the event time of windowed
 // tables and stream time); default: the time of Send.
 func At(ts time.Time) RecordOption {
-	return func(m *sarama.ProducerMessage) { m.Timestamp = ts }
+	return recordOption(func(m *sarama.ProducerMessage) { m.Timestamp = ts })
 }
 
 // Header adds a record header (KIP-82).
 func Header(key, value string) RecordOption {
-	return func(m *sarama.ProducerMessage) {
+	return recordOption(func(m *sarama.ProducerMessage) {
 		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(key), Value: []byte(value)})
-	}
+	})
 }
 
 // Send produces one record to topic, encoded with the topic's codecs, to the
@@ -298,7 +316,7 @@ func Send[K any, V any](d *Driver, topic *agent.Topic[K, V], key K, value V, opt
 		return 0, 0, err
 	}
 	for _, o := range opts {
-		o(m)
+		o.apply(m)
 	}
 	p, off, err := d.prod.SendMessage(m)
 	if err != nil {
@@ -322,7 +340,7 @@ func SendAll[K any, V any](d *Driver, topic *agent.Topic[K, V], records []Record
 			m.Timestamp = r.Timestamp
 		}
 		for k, v := range r.Headers {
-			Header(k, v)(m)
+			Header(k, v).apply(m)
 		}
 		ms[i] = m
 	}
@@ -368,7 +386,7 @@ func message[K any, V any](topic *agent.Topic[K, V], key K, value V) (*sarama.Pr
 // below those highwaters and processed too.
 func (d *Driver) Wait() error {
 	if err := d.poll(func() (bool, error) {
-		lag, err := app.GroupLag(d.client, d.app.ID(), d.sources)
+		lag, err := app.GroupLag(d.tools, d.app.ID(), d.sources)
 		if err != nil {
 			return false, err
 		}
@@ -395,7 +413,7 @@ func (d *Driver) Table(def table.Def) (map[string]any, error) {
 	if err := d.Wait(); err != nil {
 		return nil, err
 	}
-	m, err := app.ReadTable(context.Background(), d.client, def)
+	m, err := app.ReadTable(context.Background(), d.tools, def)
 	if err != nil {
 		return nil, fmt.Errorf("runneltest: %w", err)
 	}
@@ -479,9 +497,13 @@ func (d *Driver) DeadLetters(agentName string) ([]app.DeadLetter, error) {
 	}
 	var out []app.DeadLetter
 	err := d.read(topic, func(p int32, f kafka.Fetched) error {
-		m := &sarama.ConsumerMessage{Topic: topic, Partition: p, Offset: f.Offset, Key: f.Key, Value: f.Value,
-			Timestamp: f.Timestamp, Headers: f.Headers}
-		out = append(out, app.DecodeDeadLetter(m))
+		rec := &source.Record{Topic: topic, Partition: p, Offset: f.Offset, Key: f.Key, Value: f.Value, Timestamp: f.Timestamp}
+		for _, h := range f.Headers {
+			if h != nil {
+				rec.Headers = append(rec.Headers, source.Header{Key: h.Key, Value: h.Value})
+			}
+		}
+		out = append(out, app.DecodeDeadLetter(rec))
 		return nil
 	})
 	if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -188,15 +189,19 @@ func TestWaitBetweenBatches(t *testing.T) {
 	}
 }
 
-// TestEventTime: At sets the record timestamp the agent sees (stream time,
-// windows).
-func TestEventTime(t *testing.T) {
+// TestEventAccessors: the agent sees the record's topic, partition, offset,
+// timestamp (At: stream time, windows), headers (the last of a name wins)
+// and raw key as Send produced them.
+func TestEventAccessors(t *testing.T) {
 	a := app.New("eventtime-test")
 	in := app.Topic(a, "in", codec.String(), codec.String(), app.Partitions(2))
 	out := app.Topic(a, "out", codec.String(), codec.String(), app.Partitions(2))
 	agent.New(a, "stamp", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if err := out.Send(ev, ev.Key, ev.Record.Timestamp.UTC().Format(time.RFC3339)); err != nil {
+			h, ok := ev.Header("h")
+			v := fmt.Sprintf("%s[%d]@%d %s h=%s/%t headers=%d raw=%s", ev.Topic(), ev.Partition(), ev.Offset(),
+				ev.Timestamp().UTC().Format(time.RFC3339), h, ok, len(ev.Headers()), ev.RawKey())
+			if err := out.Send(ev, ev.Key, v); err != nil {
 				return err
 			}
 		}
@@ -204,15 +209,21 @@ func TestEventTime(t *testing.T) {
 	}, agent.SendsTo(out))
 	d := start(t, a, runneltest.Options{})
 	at := time.Date(2007, 2, 23, 12, 0, 0, 0, time.UTC)
-	if _, _, err := runneltest.Send(d, in, "k", "v", runneltest.At(at), runneltest.Header("h", "1")); err != nil {
-		t.Fatal(err)
+	var want []string
+	for i := range 2 {
+		p, off, err := runneltest.Send(d, in, "k", "v", runneltest.At(at.Add(time.Duration(i)*time.Hour)),
+			runneltest.Header("h", "1"), runneltest.Header("h", fmt.Sprint(i+2)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, fmt.Sprintf("%s[%d]@%d 2007-02-23T1%d:00:00Z h=%d/true headers=2 raw=k", in.Name(), p, off, 2+i, i+2))
 	}
 	recs, err := runneltest.Records(d, out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 1 || recs[0].Value != "2007-02-23T12:00:00Z" {
-		t.Errorf("out = %+v, want one record stamped 2007-02-23T12:00:00Z", recs)
+	if len(recs) != 2 || recs[0].Value != want[0] || recs[1].Value != want[1] {
+		t.Errorf("out = %+v, want the values %q", recs, want)
 	}
 }
 
@@ -274,5 +285,95 @@ func TestRestartRestoresTables(t *testing.T) {
 	}
 	if processed != 10+20 {
 		t.Errorf("the restarted workers processed %d records, want 30 (10 lines, 20 words)", processed)
+	}
+}
+
+// TestEmitOnClose: a windowed table's EmitOnClose sends each window's final
+// value once the partition's stream time passes its end + grace, bound to
+// the record that closed it; an open window is not sent.
+func TestEmitOnClose(t *testing.T) {
+	a := app.New("emit-on-close-test")
+	in := app.Topic(a, "in", codec.String(), codec.String(), app.Partitions(1))
+	out := app.Topic(a, "hourly", codec.String(), codec.String(), app.Partitions(1))
+	perHour := table.NewWindowed(a, "per-hour", codec.String(), codec.DecimalInt64(), table.Tumbling(time.Hour),
+		table.Grace(5*time.Minute),
+		table.EmitOnClose(func(ev table.Event, key string, w table.Window, n int64) error {
+			return out.Send(ev, key, fmt.Sprintf("%s %d", w.Start.UTC().Format("15:04"), n))
+		}))
+	agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for ev := range s.Events() {
+			if _, err := perHour.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
+				return err
+			}
+		}
+		return s.Err()
+	}, agent.SendsTo(out), agent.WritesTo(perHour))
+	d := start(t, a, runneltest.Options{})
+	day := time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)
+	for _, at := range []string{"10:05", "10:50", "11:02", "11:04", "11:06", "12:30"} {
+		ts, _ := time.Parse("15:04", at)
+		ts = day.Add(time.Duration(ts.Hour())*time.Hour + time.Duration(ts.Minute())*time.Minute)
+		if _, _, err := runneltest.Send(d, in, "a", at, runneltest.At(ts)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs, err := runneltest.Records(d, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range recs {
+		got = append(got, r.Key+" "+r.Value)
+	}
+	// 11:06 closes [10:00, 11:00) (end + grace 11:05); 12:30 closes
+	// [11:00, 12:00); [12:00, 13:00) stays open.
+	if want := []string{"a 10:00 2", "a 11:00 3"}; !slices.Equal(got, want) {
+		t.Errorf("emitted %q, want %q", got, want)
+	}
+}
+
+// TestCompute: Compute sees whether the key exists, keeps a new value, and
+// deletes the key when fn says so; a delete of an absent key writes nothing.
+func TestCompute(t *testing.T) {
+	a := app.New("compute-test")
+	in := app.Topic(a, "in", codec.String(), codec.String(), app.Partitions(2))
+	// Per user: the number of events since the first one, "-" at logout.
+	open := table.New(a, "open", codec.String(), codec.String())
+	agent.New(a, "sessions", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for ev := range s.Events() {
+			_, _, err := open.Compute(ev, ev.Key, func(old string, found bool) (string, bool) {
+				switch {
+				case ev.Value == "logout":
+					return "", false
+				case !found:
+					return "new", true
+				default:
+					return old + "+", true
+				}
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return s.Err()
+	}, agent.WritesTo(open))
+	d := start(t, a, runneltest.Options{})
+	for _, kv := range [][2]string{{"a", "login"}, {"a", "click"}, {"b", "login"}, {"a", "logout"}, {"c", "logout"},
+		{"b", "click"}, {"b", "click"}, {"a", "login"}} {
+		if _, _, err := runneltest.Send(d, in, kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := d.Table(open)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]any{"a": "new", "b": "new++"}; !maps.Equal(got, want) {
+		t.Errorf("table open = %v, want %v", got, want)
+	}
+	for _, k := range []string{"a", "c"} {
+		if v, found, err := runneltest.Get(d, open, k); err != nil || found != (k == "a") {
+			t.Errorf("Get(%s) = %q, %t, %v", k, v, found, err)
+		}
 	}
 }

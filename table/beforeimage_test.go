@@ -80,7 +80,7 @@ func TestBeforeImageReadOnce(t *testing.T) {
 	if err := s.SetActive(p, true); err != nil {
 		t.Fatal(err)
 	}
-	ev := &event{p: p, env: &table.Env{States: map[string]*table.State{"counts": s}}}
+	ev := newEvent(&event{p: p, env: &table.Env{States: map[string]*table.State{"counts": s}}})
 	k, k2 := keyOf(p, 0), keyOf(p, 1)
 	inc := func(key string) {
 		t.Helper()

@@ -21,7 +21,7 @@ func TestCacheSize(t *testing.T) {
 	s := table.NewState(counts, nparts, stores.NewMemory(), (&producer{}).send)
 	env := &table.Env{States: map[string]*table.State{"counts": s}}
 	const p = 2
-	ev := &event{p: p, env: env}
+	ev := newEvent(&event{p: p, env: env})
 	want := func(what string, entries, bytes int) {
 		t.Helper()
 		if e, b := s.CacheSize(p); e != entries || b != bytes {
@@ -67,7 +67,7 @@ func TestCacheSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.AttachReplica(gs)()
-	gev := &event{p: p, env: &table.Env{Globals: map[string]*table.GlobalState{"g": gs}}}
+	gev := newEvent(&event{p: p, env: &table.Env{Globals: map[string]*table.GlobalState{"g": gs}}})
 	if e, b := gs.CacheSize(p); e != 0 || b != 0 {
 		t.Fatalf("global, inactive: %d entries, %d bytes", e, b)
 	}

@@ -73,7 +73,7 @@ func (t *GlobalTable[K, V]) AttachReplica(s *GlobalState) func() {
 }
 
 func (t *GlobalTable[K, V]) current(ev Event) (*GlobalState, error) {
-	env := ev.Env()
+	env := envOf(ev)
 	if env == nil || env.Globals[t.name] == nil {
 		return nil, fmt.Errorf("table %s: %w", t.name, ErrNotRunning)
 	}
@@ -149,6 +149,12 @@ func (t *GlobalTable[K, V]) Set(ev Event, key K, value V) error {
 // and fn must not use the same table.
 func (t *GlobalTable[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
 	return updateKey[K, V](t, ev, key, fn)
+}
+
+// Compute sets, keeps or deletes key by what fn returns for its current
+// value, as Table.Compute does.
+func (t *GlobalTable[K, V]) Compute(ev Event, key K, fn func(old V, found bool) (V, bool)) (V, bool, error) {
+	return computeKey[K, V](t, ev, key, fn)
 }
 
 // Delete removes key (a tombstone in the changelog) in ev's partition's

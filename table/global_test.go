@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/evbind"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/stores"
 	"github.com/runnel-dev/runnel/table"
@@ -22,10 +23,20 @@ func (h *host) RegisterTable(d table.Def) { h.defs = append(h.defs, d) }
 // event is a record of partition p being processed by the worker whose
 // runtime is env; done collects the outcome of every bound write.
 type event struct {
+	evHandle
 	p    int32
 	env  *table.Env
 	mu   sync.Mutex
 	outs []error
+}
+
+// evHandle links the event to its runtime as a worker's events are linked.
+type evHandle = evbind.Handle[*table.Env]
+
+// newEvent links e to its runtime (e.env) and returns it.
+func newEvent(e *event) *event {
+	e.evHandle = evbind.New[*table.Env](e)
+	return e
 }
 
 func (e *event) Partition() int32 { return e.p }
@@ -78,7 +89,7 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 	}
 	defer g.AttachReplica(gs)()
 	env := &table.Env{Globals: map[string]*table.GlobalState{"g": gs}}
-	ev := &event{p: 1, env: env}
+	ev := newEvent(&event{p: 1, env: env})
 	k := keyOf(1, 0)
 	if err := g.Set(ev, k, 1); !errors.Is(err, table.ErrNotActive) {
 		t.Fatalf("Set before Activate: %v, want ErrNotActive", err)
@@ -236,7 +247,7 @@ func TestGlobalWithoutWorker(t *testing.T) {
 	if _, _, err := g.Lookup(context.Background(), "k"); !errors.Is(err, table.ErrNotRunning) {
 		t.Fatalf("Lookup: %v", err)
 	}
-	if err := g.Set(&event{}, "k", "v"); !errors.Is(err, table.ErrNotRunning) {
+	if err := g.Set(newEvent(&event{}), "k", "v"); !errors.Is(err, table.ErrNotRunning) {
 		t.Fatalf("Set: %v", err)
 	}
 	if b, err := g.QueryKey("abc"); err != nil || string(b) != "abc" {

@@ -10,27 +10,37 @@ import (
 
 	"github.com/runnel-dev/runnel/changelog"
 	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/evbind"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/stores"
 )
 
-// Event is the record being processed, as tables see it: its partition, and a
-// way to bind a derived record (the changelog write) to it so that the record's
-// offset is not committed before the broker acknowledged the write.
-// agent.Event implements it.
+// Event is the record being processed, as tables see it: an *agent.Event
+// (the record an agent is on) or an *agent.Tick (a timer's firing); no other
+// type implements it. A table write goes to the event's partition of the
+// table (co-partitioning), and the record's offset is committed only with the
+// commit cycle that holds the write.
+//
+// Tables and topics are declared once per app but run on every worker of a
+// process (dev mode runs several), so they find the worker's runtime through
+// the event, by a link that is no part of the event's API.
 type Event interface {
 	// Partition is the source partition of the record; a table write goes to the
 	// same partition of the table (co-partitioning).
 	Partition() int32
-	// BindPersist binds one derived record to the event's open window. done must
-	// be called exactly once, with nil when the broker acknowledged the record.
-	// ok is false when the window is closed (the agent already pulled the next
-	// record) or the event is no longer pending.
-	BindPersist() (done func(error), ok bool)
-	// Env is the runtime of the worker processing the event. Tables and topics
-	// are declared once per app but run on every worker of a process (dev mode
-	// runs several), so they find their per-worker state through the event.
-	Env() *Env
+	carrier
+}
+
+// carrier is unexported so that the link from an event to its worker's
+// runtime is no method of Event's API.
+type carrier = evbind.Carrier[*Env]
+
+// envOf returns the runtime of the worker processing ev, nil outside a worker.
+func envOf(ev Event) *Env {
+	if b := evbind.Of(ev); b != nil {
+		return b.Env()
+	}
+	return nil
 }
 
 // Env is one worker's runtime as tables and sinks see it: each table's state
@@ -42,7 +52,7 @@ type Env struct {
 	Send SendFunc
 	// SendAt, when set, is Send with the record's timestamp (zero: the
 	// producer's clock); repartition topics use it to keep the source
-	// record's event time.
+	// record's event time, timers to stamp their records with the firing's.
 	SendAt func(topic string, p int32, key, value []byte, ts time.Time, ack Acker) error
 	// StreamTime, when set, is advanced by the agents of one source
 	// partition to the timestamp of every record they receive: the
@@ -252,7 +262,7 @@ func (t *declared[K, V]) Format(key, value []byte) (string, any, error) {
 }
 
 func (t *Table[K, V]) current(ev Event) (*State, error) {
-	env := ev.Env()
+	env := envOf(ev)
 	if env == nil || env.States[t.name] == nil {
 		return nil, fmt.Errorf("table %s: %w", t.name, ErrNotRunning)
 	}
@@ -296,6 +306,30 @@ func (t *Table[K, V]) Set(ev Event, key K, value V) error { return setKey[K, V](
 // same table.
 func (t *Table[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
 	return updateKey[K, V](t, ev, key, fn)
+}
+
+// Compute sets, keeps or deletes key by what fn returns for its current value
+// (Java's Map.compute, Faust's table[key] = f(table.get(key))): fn gets the old
+// value and whether the key exists (found false: old is the zero value), and
+// returns the new value and whether the key is to exist. keep false deletes
+// the key (a tombstone in the changelog), or writes nothing when it was
+// absent. Compute returns the new value (the zero value when deleted) and
+// whether the key exists now. Like Update, the read and the write are one
+// step for the partition and fn must not use the same table.
+//
+//	// a session per user, deleted at logout
+//	sessions.Compute(ev, ev.Key, func(s Session, found bool) (Session, bool) {
+//		if ev.Value.Kind == "logout" {
+//			return s, false
+//		}
+//		if !found {
+//			s.Start = ev.Timestamp()
+//		}
+//		s.Events++
+//		return s, true
+//	})
+func (t *Table[K, V]) Compute(ev Event, key K, fn func(old V, found bool) (V, bool)) (V, bool, error) {
+	return computeKey[K, V](t, ev, key, fn)
 }
 
 // Delete removes key (a tombstone in the changelog) in the current commit
@@ -655,7 +689,7 @@ func (s *State) writeRouted(ev Event, route, key, value []byte, del bool) error 
 // (ErrNotCoPartitioned otherwise; key names the write in the error).
 func (b *stateBase) partitionOf(ev Event, route, key []byte) (int32, error) {
 	p := ev.Partition()
-	if env := ev.Env(); env != nil && env.Partitions > 0 && env.Partitions != b.partitions {
+	if env := envOf(ev); env != nil && env.Partitions > 0 && env.Partitions != b.partitions {
 		return p, fmt.Errorf("table %s (%d partitions): write of key %q from a topic with %d partitions: %w", b.name, b.partitions, key, env.Partitions, ErrNotCoPartitioned)
 	}
 	if q := kafka.PartitionFor(route, b.partitions); q != p {

@@ -142,6 +142,7 @@ type windowOptions struct {
 	grace, retention time.Duration
 	eventTime        func(Event) (time.Time, error)
 	onClose          any // func(K, Window, V), checked by NewWindowed
+	emitOnClose      any // func(Event, K, Window, V) error, checked by NewWindowed
 	partitions       int32
 }
 
@@ -176,6 +177,25 @@ func EventTime(fn func(ev Event) (time.Time, error)) WindowOption {
 // must not block for long.
 func OnClose[K, V any](fn func(key K, w Window, final V)) WindowOption {
 	return func(o *windowOptions) { o.onClose = fn }
+}
+
+// EmitOnClose is OnClose with the event whose write closed the window, so
+// that fn can send the window's final value on (Kafka Streams'
+// suppress(untilWindowCloses) followed by to(topic)):
+//
+//	table.EmitOnClose(func(ev table.Event, actor string, w table.Window, n int64) error {
+//		return weekly.Send(ev, actor, fmt.Sprintf("%s %d", w.Start.Format(time.DateOnly), n))
+//	})
+//
+// The send is bound to that event like any send of the agent: the record's
+// offset is committed only after the broker acknowledged it. An error from fn
+// is returned by the write (Update, UpdateAt) and fails the event: the record
+// is processed again and the window closes again, so a closed window is
+// emitted at least once, as OnClose runs (see Windowed). K and V must be the
+// table's key and value types; fn runs on the agent's goroutine, after
+// OnClose if both are set.
+func EmitOnClose[K, V any](fn func(ev Event, key K, w Window, final V) error) WindowOption {
+	return func(o *windowOptions) { o.emitOnClose = fn }
 }
 
 // WindowPartitions sets the table's partition count (like Partitions for a
@@ -224,6 +244,7 @@ type Windowed[K any, V any] struct {
 	retention   int64 // ms, >= size + grace
 	eventTime   func(Event) (time.Time, error)
 	onClose     func(K, Window, V)
+	emitOnClose func(Event, K, Window, V) error
 	partitions  int32
 	err         error // declaration error, returned by every operation
 
@@ -266,6 +287,13 @@ func NewWindowed[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.
 			errs = append(errs, fmt.Errorf("OnClose takes %T, want func(%T, table.Window, %T)", o.onClose, *new(K), *new(V)))
 		}
 		t.onClose = fn
+	}
+	if o.emitOnClose != nil {
+		fn, ok := o.emitOnClose.(func(Event, K, Window, V) error)
+		if !ok {
+			errs = append(errs, fmt.Errorf("EmitOnClose takes %T, want func(table.Event, %T, table.Window, %T) error", o.emitOnClose, *new(K), *new(V)))
+		}
+		t.emitOnClose = fn
 	}
 	if t.eventTime == nil {
 		t.eventTime = recordTime
@@ -383,7 +411,7 @@ func (t *Windowed[K, V]) state(ev Event) (*State, error) {
 	if t.err != nil {
 		return nil, t.err
 	}
-	env := ev.Env()
+	env := envOf(ev)
 	if env == nil || env.States[t.name] == nil {
 		return nil, fmt.Errorf("table %s: %w", t.name, ErrNotRunning)
 	}
@@ -432,15 +460,21 @@ func (t *Windowed[K, V]) UpdateAt(ev Event, key K, at time.Time, fn func(old V) 
 	})
 	// On an error the event fails and is redelivered; the windows it closed
 	// close then (the watermark was not written), so OnClose runs once.
-	t.fire(closes)
+	if ferr := t.fire(ev, closes); err == nil {
+		err = ferr
+	}
 	return n, err
 }
 
-// fire calls OnClose for each closed window, outside the partition's lock.
-func (t *Windowed[K, V]) fire(closes []closedWindow) {
+// fire calls OnClose and EmitOnClose for each closed window, outside the
+// partition's lock. It returns the first error of EmitOnClose's function
+// (wrapped with the table and the window); the other windows are still
+// handed to it.
+func (t *Windowed[K, V]) fire(ev Event, closes []closedWindow) error {
+	var first error
 	for _, c := range closes {
 		t.closed.Add(1)
-		if t.onClose == nil {
+		if t.onClose == nil && t.emitOnClose == nil {
 			continue
 		}
 		k, err := t.kc.Decode(c.key)
@@ -451,8 +485,17 @@ func (t *Windowed[K, V]) fire(closes []closedWindow) {
 		if err != nil {
 			continue
 		}
-		t.onClose(k, t.ws.window(c.start), v)
+		w := t.ws.window(c.start)
+		if t.onClose != nil {
+			t.onClose(k, w, v)
+		}
+		if t.emitOnClose != nil {
+			if err := t.emitOnClose(ev, k, w, v); err != nil && first == nil {
+				first = fmt.Errorf("table %s: emit window %s of %v: %w", t.name, w.Start.UTC().Format(time.RFC3339), k, err)
+			}
+		}
 	}
+	return first
 }
 
 // Current returns key's value in the latest window containing the event's

@@ -179,7 +179,12 @@ func startWorker(t *testing.T, a *app.App, brokers []string, dir string) (stop f
 // returns the watermarks separately.
 func readWindows(t *testing.T, brokers []string, d table.Def) (rows map[string]any, marks map[string]any) {
 	t.Helper()
-	all, err := app.ReadTable(context.Background(), testbroker.Client(t, brokers), d)
+	client, err := app.Dial(context.Background(), brokers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	all, err := app.ReadTable(context.Background(), client, d)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,6 +57,28 @@ func updateKey[K any, V any](t writable[K, V], ev Event, key K, fn func(old V) V
 	return nv, setKey(t, ev, key, nv)
 }
 
+// computeKey is Table.Compute: one read-modify-write of key under the
+// partition's read-modify-write lock, a tombstone when fn drops a present key,
+// nothing when it drops an absent one.
+func computeKey[K any, V any](t writable[K, V], ev Event, key K, fn func(old V, found bool) (V, bool)) (V, bool, error) {
+	if w, err := t.writer(ev); err == nil {
+		defer w.lockRMW(ev.Partition())()
+	}
+	old, found, err := t.Get(ev, key)
+	if err != nil {
+		return old, found, err
+	}
+	nv, keep := fn(old, found)
+	if keep {
+		return nv, true, setKey(t, ev, key, nv)
+	}
+	var zero V
+	if !found {
+		return zero, false, nil
+	}
+	return zero, false, deleteKey(t, ev, key)
+}
+
 // deleteKey writes a tombstone for key in the current commit cycle of ev's
 // partition, then runs t's watchers.
 func deleteKey[K any, V any](t writable[K, V], ev Event, key K) error {

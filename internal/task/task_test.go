@@ -11,6 +11,7 @@ import (
 
 	"github.com/runnel-dev/runnel/changelog"
 	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/evbind"
 	"github.com/runnel-dev/runnel/internal/task"
 	"github.com/runnel-dev/runnel/stores"
 	"github.com/runnel-dev/runnel/table"
@@ -101,11 +102,21 @@ func (s *source) resolve(upTo int64) {
 }
 
 // event is a table.Event of partition 0.
-type event struct{ env *table.Env }
+type event struct {
+	evbind.Handle[*table.Env]
+	env *table.Env
+}
 
-func (e event) Partition() int32                 { return 0 }
-func (e event) BindPersist() (func(error), bool) { return func(error) {}, true }
-func (e event) Env() *table.Env                  { return e.env }
+// newEvent returns an event linked to env.
+func newEvent(env *table.Env) *event {
+	e := &event{env: env}
+	e.Handle = evbind.New[*table.Env](e)
+	return e
+}
+
+func (e *event) Partition() int32                 { return 0 }
+func (e *event) BindPersist() (func(error), bool) { return func(error) {}, true }
+func (e *event) Env() *table.Env                  { return e.env }
 
 type host struct{}
 
@@ -138,7 +149,7 @@ func (l *changelogLog) send(topic string, p int32, key, value []byte, hs []table
 // commitFails makes the commit of setup's task fail.
 var commitFails bool
 
-func setup(t *testing.T) (*task.Task, *source, *table.Table[string, int64], event, stores.Store, *changelogLog, *[]string) {
+func setup(t *testing.T) (*task.Task, *source, *table.Table[string, int64], *event, stores.Store, *changelogLog, *[]string) {
 	t.Helper()
 	st := stores.NewMemory()
 	counts := table.New(host{}, "counts", codec.String(), codec.DecimalInt64(), table.Partitions(1))
@@ -159,11 +170,11 @@ func setup(t *testing.T) (*task.Task, *source, *table.Table[string, int64], even
 		return nil
 	}}
 	tk.Add(src)
-	ev := event{env: &table.Env{States: map[string]*table.State{"counts": state}}}
+	ev := newEvent(&table.Env{States: map[string]*table.State{"counts": state}})
 	return tk, src, counts, ev, st, log, &order
 }
 
-func inc(t *testing.T, counts *table.Table[string, int64], ev event, key string) {
+func inc(t *testing.T, counts *table.Table[string, int64], ev *event, key string) {
 	t.Helper()
 	if _, err := counts.Update(ev, key, func(n int64) int64 { return n + 1 }); err != nil {
 		t.Fatal(err)

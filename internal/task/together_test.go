@@ -20,7 +20,7 @@ type part struct {
 	tk     *task.Task
 	src    *source
 	counts *table.Table[string, int64]
-	ev     event
+	ev     *event
 	st     stores.Store
 	log    *changelogLog
 }

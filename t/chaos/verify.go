@@ -569,7 +569,16 @@ func verify(ctx context.Context, client sarama.Client, vi verifyInput) ([]Row, [
 		}
 		// The app's own read (`tables dump`) must agree once the group is
 		// at lag 0 and stopped.
-		dump, err := app.ReadTable(ctx, client, d)
+		var addrs []string
+		for _, b := range client.Brokers() {
+			addrs = append(addrs, b.Addr())
+		}
+		tools, err := app.Dial(ctx, addrs)
+		if err != nil {
+			return nil, err
+		}
+		dump, err := app.ReadTable(ctx, tools, d)
+		tools.Close()
 		if err != nil {
 			return nil, fmt.Errorf("tables dump %s: %w", name, err)
 		}

@@ -107,7 +107,12 @@ func readCounts(t *testing.T, client sarama.Client, appID string) map[string]any
 	counts := table.New(a, "counts", codec.String(), codec.DecimalInt64(), table.Partitions(6))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	got, err := app.ReadTable(ctx, client, counts)
+	tools, err := app.Dial(ctx, addrs(client))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tools.Close()
+	got, err := app.ReadTable(ctx, tools, counts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,4 +222,13 @@ func TestStandbyFailoverUnderLoad(t *testing.T) {
 	b.stop(t)
 	wantExact(t, "after a clean stop", readCounts(t, client, appID), sent)
 	t.Logf("test took %v", time.Since(start).Round(time.Millisecond))
+}
+
+// addrs returns the addresses of client's brokers.
+func addrs(client sarama.Client) []string {
+	var out []string
+	for _, b := range client.Brokers() {
+		out = append(out, b.Addr())
+	}
+	return out
 }

@@ -119,7 +119,7 @@ func run() error {
 		counts := table.New(a, "counts", codec.String(), codec.DecimalInt64())
 		agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 			for ev := range s.Events() {
-				if err := fail.check(ev.Record.Partition, ev.Record.Offset); err != nil {
+				if err := fail.check(ev.Partition(), ev.Offset()); err != nil {
 					return err
 				}
 				if _, err := counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {

@@ -20,7 +20,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/codec"
@@ -68,7 +67,7 @@ func run() error {
 		opts = append(opts, app.WithInstanceID(id))
 	}
 	if os.Getenv("PROCS_EAGER") == "1" {
-		opts = append(opts, app.WithRebalanceProtocol(sarama.RebalanceProtocolEager))
+		opts = append(opts, app.WithRebalanceProtocol(app.RebalanceEager))
 	}
 	a := app.New(os.Getenv("PROCS_APP"), opts...)
 	in := app.Topic(a, os.Getenv("PROCS_TOPIC"), codec.String(), codec.String(), app.Partitions(6))
