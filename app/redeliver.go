@@ -11,6 +11,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/agent/source"
+	"github.com/runnel-dev/runnel/internal/group"
 	"github.com/runnel-dev/runnel/internal/task"
 	"github.com/runnel-dev/runnel/table"
 )
@@ -860,7 +861,7 @@ func (c *claimProducer) emitBatch(ctx context.Context, msgs []*sarama.ConsumerMe
 			return nil
 		}
 		// No more than the cycle's window of records is unresolved at once
-		// (cutWindow), so that a cut can wait for them within its budget
+		// (group.CutWindow), so that a cut can wait for them within its budget
 		// (under ExactlyOnce, within the transaction's time).
 		if !hold {
 			n, ok := c.awaitWindow(ctx, len(seg))
@@ -1004,9 +1005,9 @@ func (c *claimProducer) waitingFor() string {
 // n next records may go out now (at least 1); ok is false when fetching
 // stopped, a seek back started or ctx ended meanwhile. The window is the
 // worker's transaction's under ExactlyOnce, the task's under at-least-once
-// (cutWindow); a partition without a task (no cycles) returns n at once.
+// (group.CutWindow); a partition without a task (no cycles) returns n at once.
 func (c *claimProducer) awaitWindow(ctx context.Context, n int) (int, bool) {
-	var win *cutWindow
+	var win *group.CutWindow
 	switch {
 	case c.pt.w.txn != nil:
 		win = &c.pt.w.txn.window
@@ -1024,7 +1025,7 @@ func (c *claimProducer) awaitWindow(ctx context.Context, n int) (int, bool) {
 			c.windowWaiting = false
 			return 0, false
 		}
-		if room := win.load() - c.unresolvedLocked(); room > 0 {
+		if room := win.Load() - c.unresolvedLocked(); room > 0 {
 			c.windowWaiting = false
 			return int(min(int64(n), room)), true
 		}

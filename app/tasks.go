@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/internal/group"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/task"
 	"github.com/runnel-dev/runnel/stores"
@@ -135,7 +136,7 @@ type taskRun struct {
 	fail   sync.Once
 	// window bounds the records the task's sources hand out unresolved
 	// (at-least-once; under ExactlyOnce the transaction's window does).
-	window cutWindow
+	window group.CutWindow
 }
 
 // failedNow reports whether the task was abandoned by its cycles (or a
@@ -557,21 +558,21 @@ func (w *Worker) flushBudget() time.Duration {
 }
 
 // loop runs the task's cycles every commit interval, when a cache is full,
-// when its sources went idle and for its first record (cycleClock), until
+// when its sources went idle and for its first record (group.CycleClock), until
 // ctx ends. An abandoned cycle fails the task's claims.
 func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 	defer close(tr.done)
 	w := ts.w
-	clock := newCycleClock(w.cfg.CommitInterval, w.idleCommit(), true, tr.t.Handed, tr.wake)
-	defer clock.stop()
-	for clock.wait(ctx) {
+	clock := group.NewCycleClock(w.cfg.CommitInterval, w.idleCommit(), true, tr.t.Handed, tr.wake)
+	defer clock.Stop()
+	for clock.Wait(ctx) {
 		cctx, cancel := context.WithTimeout(ctx, w.flushBudget())
 		held := unresolved([]*taskRun{tr})
 		st, err := tr.t.Cycle(cctx, w.cutBudget())
 		cancel()
 		switch {
 		case err == nil:
-			tr.window.adapt(st.Cut, w.cutBudget(), held)
+			tr.window.Adapt(st.Cut, w.cutBudget(), held)
 			if st.Records > 0 {
 				w.metrics.cycle(st.Records, st.Elapsed)
 				ts.mu.Lock()
@@ -604,10 +605,10 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 			return
 		case ctx.Err() == nil:
 			// The cut did not finish in its budget: hand out fewer records
-			// at once, so that the next one does (cutWindow).
-			tr.window.missed(held)
+			// at once, so that the next one does (group.CutWindow).
+			tr.window.Missed(held)
 			ts.postponed(tr)
-			w.log.Debug("commit cycle postponed", "partition", k.p, "unresolved_at_start", held, "window", tr.window.load(), "err", err)
+			w.log.Debug("commit cycle postponed", "partition", k.p, "unresolved_at_start", held, "window", tr.window.Load(), "err", err)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/assignor"
+	"github.com/runnel-dev/runnel/internal/group"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/task"
 	"github.com/runnel-dev/runnel/stores"
@@ -64,11 +65,11 @@ type txnCycles struct {
 	// while it is maxFences stops the worker (zombieRule). Guarded by mu.
 	fences int
 	// window bounds the records a source of the worker has handed out and
-	// not yet resolved (cutWindow), so that a cut, which waits for all of
+	// not yet resolved (group.CutWindow), so that a cut, which waits for all of
 	// them, fits in the transaction: it shrinks when a cut is slow or
 	// misses the transaction's deadline and grows back when cuts are
 	// quick. It outlives sessions and renewals.
-	window cutWindow
+	window group.CutWindow
 	// handedAt is each running task's Handed count at the last cycle: a
 	// task whose sources handed out nothing since is idle, and only then
 	// does a cycle look for transaction markers to skip (see cycle).
@@ -527,7 +528,7 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 	}
 	switch {
 	case err == nil:
-		x.window.adapt(st.Cut, w.cutBudget(), held)
+		x.window.Adapt(st.Cut, w.cutBudget(), held)
 		if st.Records > 0 {
 			w.metrics.cycle(st.Records, st.Elapsed)
 		}
@@ -544,11 +545,11 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 		// The cut missed the deadline: the records handed out take longer
 		// than the transaction may. Abort it now and hand out fewer.
 		left := unresolved(trs)
-		x.window.missed(held)
+		x.window.Missed(held)
 		w.metrics.txn.timedOut.Inc()
 		w.log.Warn("transaction could not cut before its deadline; aborting it and handing out fewer records at once",
 			"transaction_age", time.Since(x.began), "deadline", w.cutDeadline(), "transaction_timeout", w.txnTimeout(),
-			"unresolved_at_start", held, "unresolved", left, "window", x.window.load(), "err", err)
+			"unresolved_at_start", held, "unresolved", left, "window", x.window.Load(), "err", err)
 		err = fmt.Errorf("transaction cut deadline (%v of its %v timeout) passed: %w", w.cutDeadline(), w.txnTimeout(), err)
 		x.abortLocked(err)
 		// Aborted already: a caller must not abort again (a final cycle
@@ -667,13 +668,13 @@ var minTxnTimeout = 10 * time.Second
 
 // loop runs cycles every commit interval, when a cache is full (wake), and
 // when the tasks' sources handed out records since the last cycle but none
-// in the last idle interval (cycleClock, as taskSet.loop does per task).
+// in the last idle interval (group.CycleClock, as taskSet.loop does per task).
 func (x *txnCycles) loop(ctx context.Context) {
 	w := x.w
 	// A transaction must commit well within its timeout.
-	clock := newCycleClock(min(w.cfg.CommitInterval, w.txnTimeout()/2), w.idleCommit(), false, w.tasks.handed, x.wake)
-	defer clock.stop()
-	for clock.wait(ctx) {
+	clock := group.NewCycleClock(min(w.cfg.CommitInterval, w.txnTimeout()/2), w.idleCommit(), false, w.tasks.handed, x.wake)
+	defer clock.Stop()
+	for clock.Wait(ctx) {
 		cctx, cancel := context.WithTimeout(ctx, w.flushBudget())
 		err := x.cycle(cctx, false)
 		cancel()
