@@ -18,6 +18,7 @@ import (
 	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/internal/group"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/kafkaversion"
 	"github.com/runnel-dev/runnel/stores"
@@ -79,7 +80,7 @@ type Worker struct {
 	restoredSpan atomic.Int64    // changelog offsets covered by active restores
 	fatal        fatalState      // agent.StopWorker errors end Run (redeliver.go)
 	runDone      <-chan struct{} // closed when Run's context ends (set by Run before anything starts)
-	attempts     attempts        // failed deliveries per record, across sessions (redeliver.go)
+	attempts     group.Attempts  // failed deliveries per record, across sessions (redeliver.go)
 
 	derived derivedURLs // URL map derived when the leader left it out (global_http.go)
 
