@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/internal/group"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/task"
@@ -45,12 +44,11 @@ type txnCycles struct {
 	w    *Worker
 	gate sync.RWMutex // hand-outs read-lock it; a cycle write-locks it
 	wake chan struct{}
-	// joining is set while the member rejoins the group (from its
-	// JoinGroup to its assignment) and gen is the generation of its last
-	// assignment: a transaction commits its offsets with the generation
-	// the coordinator knows, or fails as a zombie's would (KIP-447).
-	joining atomic.Bool
-	gen     atomic.Int32
+	// rejoins says whether the member rejoins the group and the
+	// generation of its last assignment: a transaction commits its offsets
+	// with the generation the coordinator knows, or fails as a zombie's
+	// would (KIP-447).
+	rejoins group.Rejoins
 
 	mu      sync.Mutex
 	open    bool                        // a transaction is open; guarded by mu
@@ -400,7 +398,7 @@ func (x *txnCycles) abort(err error) {
 // transaction.
 func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 	w := x.w
-	for x.joining.Load() {
+	for x.rejoins.Joining() {
 		if !final {
 			return nil
 		}
@@ -486,7 +484,7 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 				inst = &id
 			}
 			meta = sarama.NewConsumerGroupMetadataFromSession(sess, w.app.id, inst)
-			meta.GenerationID = max(meta.GenerationID, x.gen.Load())
+			meta.GenerationID = max(meta.GenerationID, x.rejoins.Generation())
 		} else {
 			meta = sarama.NewConsumerGroupMetadata(w.app.id)
 		}
@@ -561,64 +559,6 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 	}
 }
 
-// rejoined answers the coordinator's refusal of a transaction's offset commit
-// for generation refused (kafka.Rejoined): the group rebalanced between the
-// cut and the commit, and the coordinator bumped the generation when the
-// join completed. Unanswered, the transaction would abort and every
-// partition of the worker restart (issue #24: half the aborts of the kill -9
-// schedule on Kafka). The member rejoined (or is rejoining: its JoinGroup
-// went out, joining, and SyncGroup is pending), so rejoined waits until its
-// assignment arrived (onAssignment, inside SyncGroup handling; it takes none
-// of the locks the cycle holds) and returns meta under the new generation.
-// KIP-447: the coordinator checks the member and its generation, not which
-// partitions it owns, so this is safe only for the generation right after
-// the refused one: under the cooperative protocol the partitions that
-// generation takes away stay this member's until it revokes them (their
-// final cycles commit again), and a revoked claim cannot end, nor the
-// member send the JoinGroup of the generation after, before its final cycle
-// took txnCycles.mu, which this cycle holds (invariant: a claim's end waits
-// for x.mu without a timeout; revokeClaims' timeout leads to the member's
-// expulsion, which the retry meets as UNKNOWN_MEMBER_ID). Under the eager
-// protocol every claim ended before the JoinGroup, so no cycle is open then.
-// The member ID stays the one the commit was sent with: a member that
-// rejoined under another ID is refused again (UNKNOWN_MEMBER_ID) and the
-// transaction aborts. It gives up, false, when a later generation than the
-// next one is already known, when no join of this member is in progress
-// (the member left the group: the commit must fail), when ctx ends or at
-// deadline (the transaction's timeout comes close). Each commit sent again
-// is counted (runnel_transaction_offset_commits_resent_total).
-func (x *txnCycles) rejoined(meta *sarama.ConsumerGroupMetadata, deadline time.Time) kafka.Rejoined {
-	return func(ctx context.Context, refused int32) (*sarama.ConsumerGroupMetadata, bool) {
-		start := time.Now()
-		t := time.NewTicker(10 * time.Millisecond)
-		defer t.Stop()
-		for {
-			switch g := x.gen.Load(); {
-			case g == refused+1:
-				next := *meta
-				next.GenerationID = g
-				x.w.metrics.txn.resent.Inc()
-				x.w.log.Info("group rebalanced during a transaction's offset commit; committing under the new generation",
-					"refused_generation", refused, "generation", g, "waited", time.Since(start).Round(time.Millisecond))
-				return &next, true
-			case g > refused:
-				// More than one generation passed: one of them may have
-				// given a partition of this commit to another member
-				// (which the next-generation rule below excludes).
-				return nil, false
-			}
-			if !x.joining.Load() || !time.Now().Before(deadline) {
-				return nil, false
-			}
-			select {
-			case <-ctx.Done():
-				return nil, false
-			case <-t.C:
-			}
-		}
-	}
-}
-
 // unchanged reports whether offs are the offsets the last commit committed.
 // Guarded by mu.
 func (x *txnCycles) unchanged(offs []task.Offset) bool {
@@ -633,25 +573,15 @@ func (x *txnCycles) unchanged(offs []task.Offset) bool {
 	return true
 }
 
-// txnStrategy is the worker's assignor seen by Sarama under ExactlyOnce: it
-// tells the transactions when the member rejoins (SubscriptionUserData is
-// called for every JoinGroup).
-type txnStrategy struct {
-	*assignor.Strategy
-	x *txnCycles
-}
-
-// SubscriptionUserData marks the member as joining and returns the
-// assignor's user data.
-func (s txnStrategy) SubscriptionUserData(topics []string) ([]byte, error) {
-	s.x.joining.Store(true)
-	return s.Strategy.SubscriptionUserData(topics)
-}
-
-// assigned records the generation of an assignment: the member joined.
-func (x *txnCycles) assigned(gen int32) {
-	x.gen.Store(gen)
-	x.joining.Store(false)
+// rejoined is x.rejoins.Rejoined for a commit of meta by deadline, each
+// commit sent again counted (runnel_transaction_offset_commits_resent_total)
+// and logged.
+func (x *txnCycles) rejoined(meta *sarama.ConsumerGroupMetadata, deadline time.Time) kafka.Rejoined {
+	return x.rejoins.Rejoined(meta, deadline, func(refused, g int32, waited time.Duration) {
+		x.w.metrics.txn.resent.Inc()
+		x.w.log.Info("group rebalanced during a transaction's offset commit; committing under the new generation",
+			"refused_generation", refused, "generation", g, "waited", waited.Round(time.Millisecond))
+	})
 }
 
 // txnTimeout is the transaction timeout under ExactlyOnce: four commit

@@ -545,7 +545,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	go w.strategy.WatchWarmups(ctx, time.Second)
 	sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{w.strategy}
 	if w.txn != nil {
-		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{txnStrategy{w.strategy, w.txn}}
+		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{group.RejoinStrategy{Strategy: w.strategy, Rejoins: &w.txn.rejoins}}
 	}
 	if w.cfg.InstanceID != "" {
 		sc.Consumer.Group.InstanceId = w.cfg.InstanceID
@@ -720,7 +720,7 @@ func (w *Worker) onAssignment(a assignor.Assignment) {
 	}
 	w.mu.Unlock()
 	if w.txn != nil {
-		w.txn.assigned(a.Generation)
+		w.txn.rejoins.Assigned(a.Generation)
 	}
 	w.metrics.assigned(a)
 	// The restores of partitions that left this worker leave the status

@@ -1,8 +1,10 @@
 // Package group holds the consumer-group side of a worker, the part that
 // speaks Sarama's group protocol, taken out of app piece by piece (issue
 // #24): what schedules a task's commit cycles (CycleClock), what bounds the
-// records a cut waits for (CutWindow), and the offset committer that sends
-// the at-least-once cycles' OffsetCommits (OffsetCommitter).
+// records a cut waits for (CutWindow), the offset committer that sends the
+// at-least-once cycles' OffsetCommits (OffsetCommitter), a claim's message
+// channel (ClaimFeed), failed deliveries per record (Attempts) and the
+// member's rejoins that a transaction's offset commit follows (Rejoins).
 //
 // The package knows nothing of app's declarations (agents, tables, options):
 // app hands it what it needs (a sarama.Client, the group ID, a logger, the
