@@ -35,7 +35,7 @@ import (
 // The limit is one of three brakes, and which one stops the source first is
 // a race (on real Kafka under -race fetches come in small batches; on kfake
 // in large ones): the limit, the cut window (the records handed out and not
-// resolved are capped, cutWindow, and the held one never resolves) or,
+// resolved are capped, group.CutWindow, and the held one never resolves) or,
 // under ExactlyOnce, the cycle a full cache wakes, whose cut holds the
 // transaction's hand-out gate. TaskStatus.Waiting names it; the test
 // asserts the bound and the flatness whichever it is, and the limit's own

@@ -10,6 +10,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/internal/group"
 	"github.com/runnel-dev/runnel/stores"
 	"github.com/runnel-dev/runnel/table"
 )
@@ -196,7 +197,7 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 		}
 	}
 	pt := &partition{h: h, w: w, sess: sess, topic: topic, p: p, key: fmt.Sprintf("%s[%d]", topic, p),
-		runners: runners, feed: newClaimFeed(claim), retry: w.cfg.redelivery.withDefaults(),
+		runners: runners, feed: group.NewClaimFeed(claim), retry: w.cfg.redelivery.withDefaults(),
 		inflight: &table.InFlight{}}
 	// Dead letters an earlier owner wrote of the records this claim hands
 	// out again are not written twice (dlq.go, at-least-once only).

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/agent/source"
+	"github.com/runnel-dev/runnel/internal/group"
 	"github.com/runnel-dev/runnel/internal/task"
 	"github.com/runnel-dev/runnel/table"
 )
@@ -95,61 +95,6 @@ func (f *fatalState) get() error {
 	return f.err
 }
 
-// claimFeed hands a claim's message channel to the first producer of the
-// partition and watches for the claim's end afterwards: the channel closes when
-// the partition is revoked (cooperative rebalancing) or the session ends.
-// Sarama claims cannot seek, so once a producer seeks back it reads the
-// partition with its own PartitionConsumer and the feed discards what the
-// claim still delivers, only to notice its end.
-type claimFeed struct {
-	claim   sarama.ConsumerGroupClaim
-	revoked chan struct{} // closed when the claim's channel closed
-
-	mu       sync.Mutex
-	taken    bool
-	released bool
-	once     sync.Once
-}
-
-func newClaimFeed(claim sarama.ConsumerGroupClaim) *claimFeed {
-	return &claimFeed{claim: claim, revoked: make(chan struct{})}
-}
-
-// take returns the claim's channel the first time, nil afterwards.
-func (f *claimFeed) take() <-chan *sarama.ConsumerMessage {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.taken {
-		return nil
-	}
-	f.taken = true
-	return f.claim.Messages()
-}
-
-// ended records that the claim's channel closed.
-func (f *claimFeed) ended() { f.once.Do(func() { close(f.revoked) }) }
-
-// release says the producer that took the channel stopped reading it: the
-// rest is discarded until the claim closes (the goroutine ends when Sarama
-// closes the claim, at the latest right after ConsumeClaim returns).
-func (f *claimFeed) release() {
-	f.mu.Lock()
-	if !f.taken {
-		f.taken = true
-	}
-	if f.released {
-		f.mu.Unlock()
-		return
-	}
-	f.released = true
-	f.mu.Unlock()
-	go func() {
-		for range f.claim.Messages() {
-		}
-		f.ended()
-	}()
-}
-
 // partition runs the agents of one claimed source partition for one session:
 // one incarnation of its shared source (a source.Manager group with a
 // claimProducer) at a time. A failed stream (ack timeout, source terminated)
@@ -163,7 +108,7 @@ type partition struct {
 	p       int32
 	key     string
 	runners []agent.Runner
-	feed    *claimFeed
+	feed    *group.ClaimFeed
 	retry   Redelivery
 
 	// env is the worker's table.Env with this partition's in-flight counter.
@@ -256,7 +201,7 @@ func (pt *partition) run(ctx context.Context) error {
 			w.log.Warn("partition failed; its task has other sources, was abandoned or is in the worker's transaction, so the session restarts and the partition resumes from its committed offset",
 				"topic", pt.topic, "partition", pt.p, "offset", from, "attempt", n, "in", d, "err", err)
 			pt.task.abandon(&w.tasks, err)
-			if !sleep(d, ctx.Done(), pt.feed.revoked) {
+			if !sleep(d, ctx.Done(), pt.feed.Revoked()) {
 				return nil
 			}
 			return fmt.Errorf("%s: %w", pt.key, err)
@@ -273,7 +218,7 @@ func (pt *partition) run(ctx context.Context) error {
 		if pt.task != nil {
 			w.tasks.set(pt.task, task.Restarting)
 		}
-		if !sleep(d, ctx.Done(), pt.feed.revoked) {
+		if !sleep(d, ctx.Done(), pt.feed.Revoked()) {
 			return nil
 		}
 		if pt.task != nil {
@@ -352,7 +297,7 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 	var taskErr error
 	select {
 	case <-ctx.Done():
-	case <-pt.feed.revoked:
+	case <-pt.feed.Revoked():
 	case <-taskFailed:
 		taskErr = pt.task.t.Err()
 	case res := <-results:
@@ -519,60 +464,12 @@ func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source
 	}
 }
 
-// attempts counts failed deliveries per record across sessions: a failure
-// ends the member's session (see run), so the count must outlive the claim.
-type attempts struct {
-	// n counts the tracked offsets of every partition (written under mu):
-	// while it is 0, get and forget, called for every resolved record, skip
-	// the lock and the map.
-	n  atomic.Int64
-	mu sync.Mutex
-	m  map[string]map[int64]int // partition key -> offset -> failed deliveries; guarded by mu
-}
-
-func (a *attempts) add(key string, offset int64) int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.m == nil {
-		a.m = map[string]map[int64]int{}
-	}
-	if a.m[key] == nil {
-		a.m[key] = map[int64]int{}
-	}
-	if a.m[key][offset] == 0 {
-		a.n.Add(1)
-	}
-	a.m[key][offset]++
-	return a.m[key][offset]
-}
-
-func (a *attempts) get(key string, offset int64) int {
-	if a.n.Load() == 0 {
-		return 0
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.m[key][offset]
-}
-
-func (a *attempts) forget(key string, offset int64) {
-	if a.n.Load() == 0 {
-		return
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if _, ok := a.m[key][offset]; ok {
-		delete(a.m[key], offset)
-		a.n.Add(-1)
-	}
-}
-
 // attempt counts one more failed delivery of offset and returns the count.
-func (pt *partition) attempt(offset int64) int { return pt.w.attempts.add(pt.key, offset) }
+func (pt *partition) attempt(offset int64) int { return pt.w.attempts.Add(pt.key, offset) }
 
-func (pt *partition) attemptsOf(offset int64) int { return pt.w.attempts.get(pt.key, offset) }
+func (pt *partition) attemptsOf(offset int64) int { return pt.w.attempts.Get(pt.key, offset) }
 
-func (pt *partition) forget(offset int64) { pt.w.attempts.forget(pt.key, offset) }
+func (pt *partition) forget(offset int64) { pt.w.attempts.Forget(pt.key, offset) }
 
 // epoch is the broker payload of every record fanned out in one producer
 // epoch (the record's offset is in its source.Record). A seek back starts a
@@ -656,7 +553,7 @@ type claimProducer struct {
 func newClaimProducer(pt *partition, from int64) *claimProducer {
 	start := from
 	if from < 0 {
-		start = pt.feed.claim.InitialOffset()
+		start = pt.feed.Claim().InitialOffset()
 	}
 	c := &claimProducer{pt: pt, from: from, ready: make(chan struct{}), stop: make(chan struct{}),
 		rewindCh: make(chan struct{}, 1), wm: source.NewWatermark(start), epoch: &epoch{}, rewind: -1, marked: -1,
@@ -747,7 +644,7 @@ func (c *claimProducer) OpenBatch(ctx context.Context, emit func([]source.Emit) 
 	}
 	var msgs <-chan *sarama.ConsumerMessage
 	if c.from < 0 {
-		msgs = pt.feed.take()
+		msgs = pt.feed.Take()
 		c.mu.Lock()
 		c.usedClm = msgs != nil
 		c.mu.Unlock()
@@ -755,7 +652,7 @@ func (c *claimProducer) OpenBatch(ctx context.Context, emit func([]source.Emit) 
 	if msgs == nil {
 		start := c.from
 		if start < 0 {
-			start = pt.feed.claim.InitialOffset()
+			start = pt.feed.Claim().InitialOffset()
 		}
 		var err error
 		if msgs, err = c.seek(start); err != nil {
@@ -793,7 +690,7 @@ func (c *claimProducer) OpenBatch(ctx context.Context, emit func([]source.Emit) 
 		case m, ok := <-msgs:
 			if !ok {
 				if c.usedClm && c.pc == nil {
-					pt.feed.ended()
+					pt.feed.Ended()
 					<-ctx.Done()
 					return ctx.Err()
 				}
@@ -860,7 +757,7 @@ func (c *claimProducer) emitBatch(ctx context.Context, msgs []*sarama.ConsumerMe
 			return nil
 		}
 		// No more than the cycle's window of records is unresolved at once
-		// (cutWindow), so that a cut can wait for them within its budget
+		// (group.CutWindow), so that a cut can wait for them within its budget
 		// (under ExactlyOnce, within the transaction's time).
 		if !hold {
 			n, ok := c.awaitWindow(ctx, len(seg))
@@ -1004,9 +901,9 @@ func (c *claimProducer) waitingFor() string {
 // n next records may go out now (at least 1); ok is false when fetching
 // stopped, a seek back started or ctx ended meanwhile. The window is the
 // worker's transaction's under ExactlyOnce, the task's under at-least-once
-// (cutWindow); a partition without a task (no cycles) returns n at once.
+// (group.CutWindow); a partition without a task (no cycles) returns n at once.
 func (c *claimProducer) awaitWindow(ctx context.Context, n int) (int, bool) {
-	var win *cutWindow
+	var win *group.CutWindow
 	switch {
 	case c.pt.w.txn != nil:
 		win = &c.pt.w.txn.window
@@ -1024,7 +921,7 @@ func (c *claimProducer) awaitWindow(ctx context.Context, n int) (int, bool) {
 			c.windowWaiting = false
 			return 0, false
 		}
-		if room := win.load() - c.unresolvedLocked(); room > 0 {
+		if room := win.Load() - c.unresolvedLocked(); room > 0 {
 			c.windowWaiting = false
 			return int(min(int64(n), room)), true
 		}
@@ -1235,7 +1132,7 @@ func (c *claimProducer) emitFetched(msgs []*sarama.ConsumerMessage, batch []sour
 func (c *claimProducer) seek(offset int64) (<-chan *sarama.ConsumerMessage, error) {
 	pt := c.pt
 	if c.usedClm {
-		pt.feed.release()
+		pt.feed.Release()
 	}
 	c.closePC()
 	consumer := pt.w.restorer.Consumer
@@ -1485,7 +1382,7 @@ func (c *claimProducer) skipControl() {
 	case c.pc != nil:
 		hwm = c.pc.HighWaterMarkOffset()
 	case c.usedClm:
-		hwm = c.pt.feed.claim.HighWaterMarkOffset()
+		hwm = c.pt.feed.Claim().HighWaterMarkOffset()
 	}
 	c.mu.Unlock()
 	if !idle || hwm <= next {
@@ -1523,7 +1420,7 @@ func (c *claimProducer) seekBack(offset int64) {
 func (c *claimProducer) Close() error {
 	c.closePC()
 	if c.usedClm {
-		c.pt.feed.release()
+		c.pt.feed.Release()
 	}
 	c.mu.Lock()
 	c.closed = true

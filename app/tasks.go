@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/internal/group"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/task"
 	"github.com/runnel-dev/runnel/stores"
@@ -135,7 +136,7 @@ type taskRun struct {
 	fail   sync.Once
 	// window bounds the records the task's sources hand out unresolved
 	// (at-least-once; under ExactlyOnce the transaction's window does).
-	window cutWindow
+	window group.CutWindow
 }
 
 // failedNow reports whether the task was abandoned by its cycles (or a
@@ -176,8 +177,8 @@ type taskSet struct {
 	// claim left has released its tables; a new task of the key waits for
 	// it (join). Guarded by mu.
 	closing map[taskKey]chan struct{}
-	// commits coalesces the cycles' OffsetCommits (commitQueue).
-	commits commitQueue
+	// commits coalesces the cycles' OffsetCommits.
+	commits group.OffsetCommitter[*taskRun]
 	// life holds every task's state and performs its transitions
 	// (settleLocked is its one caller). A task's state follows from what
 	// holds it, in this order: its running task (m, with the state the
@@ -393,12 +394,12 @@ func (ts *taskSet) set(tr *taskRun, state task.State) {
 	tr.state = state
 	// A suspending task's final cycle is about to commit: the commit queue
 	// waits a little for it, so that the final cycles of the tasks closing
-	// together share one OffsetCommit (commitQueue).
+	// together share one OffsetCommit (group.OffsetCommitter).
 	switch {
 	case state == task.Suspending:
-		ts.commits.expect(tr)
+		ts.commits.Expect(tr)
 	case from == task.Suspending:
-		ts.commits.unexpect(tr)
+		ts.commits.Unexpect(tr)
 	}
 	ts.settleLocked(tr.key)
 }
@@ -557,21 +558,21 @@ func (w *Worker) flushBudget() time.Duration {
 }
 
 // loop runs the task's cycles every commit interval, when a cache is full,
-// when its sources went idle and for its first record (cycleClock), until
+// when its sources went idle and for its first record (group.CycleClock), until
 // ctx ends. An abandoned cycle fails the task's claims.
 func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 	defer close(tr.done)
 	w := ts.w
-	clock := newCycleClock(w.cfg.CommitInterval, w.idleCommit(), true, tr.t.Handed, tr.wake)
-	defer clock.stop()
-	for clock.wait(ctx) {
+	clock := group.NewCycleClock(w.cfg.CommitInterval, w.idleCommit(), true, tr.t.Handed, tr.wake)
+	defer clock.Stop()
+	for clock.Wait(ctx) {
 		cctx, cancel := context.WithTimeout(ctx, w.flushBudget())
 		held := unresolved([]*taskRun{tr})
 		st, err := tr.t.Cycle(cctx, w.cutBudget())
 		cancel()
 		switch {
 		case err == nil:
-			tr.window.adapt(st.Cut, w.cutBudget(), held)
+			tr.window.Adapt(st.Cut, w.cutBudget(), held)
 			if st.Records > 0 {
 				w.metrics.cycle(st.Records, st.Elapsed)
 				ts.mu.Lock()
@@ -604,154 +605,28 @@ func (ts *taskSet) loop(ctx context.Context, k taskKey, tr *taskRun) {
 			return
 		case ctx.Err() == nil:
 			// The cut did not finish in its budget: hand out fewer records
-			// at once, so that the next one does (cutWindow).
-			tr.window.missed(held)
+			// at once, so that the next one does (group.CutWindow).
+			tr.window.Missed(held)
 			ts.postponed(tr)
-			w.log.Debug("commit cycle postponed", "partition", k.p, "unresolved_at_start", held, "window", tr.window.load(), "err", err)
+			w.log.Debug("commit cycle postponed", "partition", k.p, "unresolved_at_start", held, "window", tr.window.Load(), "err", err)
 		}
 	}
 }
 
-// commitSync commits offs, the commit offsets of tr's sources, for the group
-// member of sess, and marks them in the session (task.Source.Committable),
-// so that Sarama's own commits never go back. It returns the first error of
-// offs's partitions (for example UNKNOWN_MEMBER_ID once the member was
-// evicted): Sarama's session commits report errors only asynchronously, and a
-// commit cycle must know before it applies to the store. The OffsetCommit
-// request goes through the worker's commit queue, which sends the cycles of
-// several tasks in one request (commitQueue). A rebalance in progress, or a
-// generation the coordinator moved past while this member's session is being
-// carried into the next one (cooperative rebalancing), is retried every 50 ms
-// with the session's current generation until ctx ends.
+// commitSync commits offs, the commit offsets of tr's sources, through the
+// worker's offset committer (group.OffsetCommitter.CommitSync: coalesced with
+// other tasks' commits, marked in the session, a rebalance in progress
+// retried until ctx ends), each offset with the commit metadata of its
+// partition (commitMetadata).
 func (w *Worker) commitSync(ctx context.Context, tr *taskRun, sess sarama.ConsumerGroupSession, offs []task.Offset) error {
-	if len(offs) == 0 {
-		w.tasks.commits.unexpect(tr)
-		return nil
-	}
-	for {
-		err := w.tasks.commits.commit(ctx, w, tr, sess, offs)
-		if err == nil || !retriableCommit(err) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (%w)", err, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return w.tasks.commits.CommitSync(ctx, w.member(), tr, sess, offs, func() []string { return commitMetadata(tr, offs) })
 }
 
-// retriableCommit reports whether an OffsetCommit error passes once the
-// group settles: a rebalance in progress, a generation moved on, a
-// coordinator moved or loading. The coordinator answers
-// COORDINATOR_LOAD_IN_PROGRESS while it reads the group's offsets partition
-// after taking it over (a broker restarting: in a rolling restart of a
-// three-broker Kafka 4.4 it failed 8 cycles, whose records were processed
-// again, before it was retried here).
-func retriableCommit(err error) bool {
-	return errors.Is(err, sarama.ErrRebalanceInProgress) || errors.Is(err, sarama.ErrIllegalGeneration) ||
-		errors.Is(err, sarama.ErrNotCoordinatorForConsumer) || errors.Is(err, sarama.ErrConsumerCoordinatorNotAvailable) ||
-		errors.Is(err, sarama.ErrOffsetsLoadInProgress)
-}
-
-// finalLinger bounds how long the commit queue holds a commit back for the
-// final cycles of suspending tasks that have not asked to commit yet. The
-// tasks of a worker that stops, or of partitions revoked together, finish
-// their final cycles within a few ms of each other (their changelog records
-// are acknowledged by the same produce responses); the partitions are given
-// up when the last of them committed, so waiting for it costs the hand-over
-// nothing, and one OffsetCommit replaces one per task (each a round trip to
-// the coordinator, serialized under commitMu: 3–22 ms each in
-// bench/sidebyside's hand-over on Kafka 4.4 at load ~20, 350 ms at worst).
-const finalLinger = 50 * time.Millisecond
-
-// commitQueue sends the commit cycles' OffsetCommits, coalescing the commits
-// of several tasks into one request: a commit asked while another request is
-// in flight waits for it and goes with every other commit queued meanwhile
-// (group commit), and while suspending tasks still run their final cycles
-// (expect), a commit waits for theirs up to finalLinger. Each task learns the
-// errors of its own partitions only; a task whose cycle failed never asks, so
-// nothing is committed for it.
-//
-// Lock order: commitQueue.mu, then nothing; the sender takes Worker.commitMu
-// without holding mu.
-type commitQueue struct {
-	mu      sync.Mutex
-	queue   []*commitReq      // asked and not yet sent; guarded by mu
-	sending bool              // a sender goroutine runs; guarded by mu
-	waiting map[*taskRun]bool // suspending tasks whose final commit has not come; guarded by mu
-	news    chan struct{}     // a commit was asked or a task stopped being waited for (capacity 1)
-	w       *Worker           // set by the first commit; guarded by mu
-	linger  time.Duration     // finalLinger when 0 (tests set it); read by the sender
-}
-
-// commitReq is one task's commit: its partitions' offsets, and where its
-// result goes.
-type commitReq struct {
-	ctx  context.Context
-	sess sarama.ConsumerGroupSession
-	offs []task.Offset
-	// meta is each offset's commit metadata (where the dead letters of the
-	// records from it on start: deadLettered.metadata), as offs.
-	meta []string
-	done chan error // capacity 1
-}
-
-func (q *commitQueue) init() {
-	if q.news == nil {
-		q.news = make(chan struct{}, 1)
-		q.waiting = map[*taskRun]bool{}
-	}
-}
-
-func (q *commitQueue) notify() {
-	select {
-	case q.news <- struct{}{}:
-	default:
-	}
-}
-
-// expect notes that tr runs its final cycle: a commit waits for tr's (up to
-// finalLinger) to send both in one request.
-func (q *commitQueue) expect(tr *taskRun) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.init()
-	q.waiting[tr] = true
-}
-
-// unexpect notes that tr will not ask for a commit soon (it asked, its cycle
-// had nothing to commit, or it left the suspending state).
-func (q *commitQueue) unexpect(tr *taskRun) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.init()
-	if q.waiting[tr] {
-		delete(q.waiting, tr)
-		q.notify()
-	}
-}
-
-// commit sends offs (tr's partitions) in the next OffsetCommit request of
-// sess's member and returns the first error of those partitions. On success
-// the offsets are also marked in the session, under Worker.commitMu with the
-// commit.
-func (q *commitQueue) commit(ctx context.Context, w *Worker, tr *taskRun, sess sarama.ConsumerGroupSession, offs []task.Offset) error {
-	r := &commitReq{ctx: ctx, sess: sess, offs: offs, meta: commitMetadata(tr, offs), done: make(chan error, 1)}
-	q.mu.Lock()
-	q.init()
-	q.w = w
-	delete(q.waiting, tr)
-	q.queue = append(q.queue, r)
-	if !q.sending {
-		q.sending = true
-		go q.send()
-	}
-	q.notify()
-	q.mu.Unlock()
-	// The result always comes: the sender answers every request it takes,
-	// and a request takes at most the client's network timeouts.
-	return <-r.done
+// member is the group member the commit cycles' OffsetCommits are sent as:
+// the worker's offset client, its group and instance ID, ordered with the
+// session's own commits by commitMu.
+func (w *Worker) member() group.Member {
+	return group.Member{Client: w.meta, Group: w.app.id, InstanceID: w.cfg.InstanceID, Mu: &w.commitMu, Log: w.log}
 }
 
 // commitMetadata returns the commit metadata of each of offs, offsets of
@@ -775,154 +650,6 @@ func commitMetadata(tr *taskRun, offs []task.Offset) []string {
 		}
 	}
 	return out
-}
-
-// send sends the queued commits until the queue is empty.
-func (q *commitQueue) send() {
-	var linger *time.Timer
-	var lingerC <-chan time.Time
-	defer func() {
-		if linger != nil {
-			linger.Stop()
-		}
-	}()
-	for {
-		q.mu.Lock()
-		if len(q.queue) == 0 {
-			q.sending = false
-			q.mu.Unlock()
-			return
-		}
-		if len(q.waiting) > 0 {
-			if linger == nil {
-				d := q.linger
-				if d <= 0 {
-					d = finalLinger
-				}
-				linger = time.NewTimer(d)
-				lingerC = linger.C
-			}
-			if lingerC != nil {
-				q.mu.Unlock()
-				select {
-				case <-q.news:
-				case <-lingerC:
-					lingerC = nil // waited long enough: send what is queued
-				}
-				continue
-			}
-		}
-		batch := q.queue
-		q.queue = nil
-		w := q.w
-		q.mu.Unlock()
-		if linger != nil {
-			linger.Stop()
-			linger, lingerC = nil, nil
-		}
-		// One request per member session: a member's generation and ID
-		// go in the request (a cooperative session carries on into the
-		// next generation: the same sess answers the new generation).
-		for len(batch) > 0 {
-			sess := batch[0].sess
-			var mine, rest []*commitReq
-			for _, r := range batch {
-				switch {
-				case r.sess != sess:
-					rest = append(rest, r)
-				case r.ctx.Err() != nil:
-					r.done <- fmt.Errorf("commit: %w", r.ctx.Err())
-				default:
-					mine = append(mine, r)
-				}
-			}
-			batch = rest
-			if len(mine) == 0 {
-				continue
-			}
-			began := time.Now()
-			w.commitMu.Lock()
-			errs := w.commitOnce(sess, mine)
-			for i, r := range mine {
-				if errs[i] == nil {
-					for _, o := range r.offs {
-						sess.MarkOffset(o.Topic, o.Partition, o.Offset, "")
-					}
-				}
-			}
-			w.commitMu.Unlock()
-			w.log.Debug("offsets committed", "tasks", len(mine), "generation", sess.GenerationID(),
-				"elapsed", time.Since(began), "err", errors.Join(errs...))
-			for i, r := range mine {
-				r.done <- errs[i]
-			}
-		}
-	}
-}
-
-// commitOnce commits the offsets of reqs for the group member of sess in one
-// OffsetCommit request to the group coordinator and returns each request's
-// error: the request's own (coordinator unknown, connection lost) for all,
-// else the first error of its partitions. Called with Worker.commitMu held.
-func (w *Worker) commitOnce(sess sarama.ConsumerGroupSession, reqs []*commitReq) []error {
-	errs := make([]error, len(reqs))
-	all := func(err error) []error {
-		for i := range errs {
-			errs[i] = err
-		}
-		return errs
-	}
-	coord, err := w.meta.Coordinator(w.app.id)
-	if err != nil {
-		return all(fmt.Errorf("commit: coordinator of %s: %w", w.app.id, err))
-	}
-	v := w.meta.Config().Version
-	req := &sarama.OffsetCommitRequest{Version: 2, ConsumerGroup: w.app.id, ConsumerID: sess.MemberID(),
-		ConsumerGroupGeneration: sess.GenerationID()}
-	switch {
-	case v.IsAtLeast(sarama.V2_4_0_0):
-		req.Version = 8
-	case v.IsAtLeast(sarama.V2_3_0_0):
-		req.Version = 7
-	case v.IsAtLeast(sarama.V2_1_0_0):
-		req.Version = 6
-	case v.IsAtLeast(sarama.V2_0_0_0):
-		req.Version = 4
-	}
-	if req.Version >= 7 && w.cfg.InstanceID != "" {
-		id := w.cfg.InstanceID
-		req.GroupInstanceId = &id
-	}
-	for _, r := range reqs {
-		for i, o := range r.offs {
-			md := ""
-			if i < len(r.meta) {
-				md = r.meta[i]
-			}
-			req.AddBlock(o.Topic, o.Partition, o.Offset, 0, md)
-		}
-	}
-	resp, err := coord.CommitOffset(req)
-	if err != nil {
-		_ = coord.Close() // sarama reopens it on the next request
-		return all(fmt.Errorf("commit: %w", err))
-	}
-	refresh := false
-	for i, r := range reqs {
-		for _, o := range r.offs {
-			if kerr, ok := resp.Errors[o.Topic][o.Partition]; ok && kerr != sarama.ErrNoError {
-				if kerr == sarama.ErrNotCoordinatorForConsumer || kerr == sarama.ErrConsumerCoordinatorNotAvailable {
-					refresh = true
-				}
-				errs[i] = fmt.Errorf("commit %s[%d]@%d (generation %d): %w", o.Topic, o.Partition, o.Offset, sess.GenerationID(), kerr)
-				break
-			}
-		}
-	}
-	if refresh {
-		_ = w.meta.RefreshCoordinator(w.app.id)
-	}
-	return errs
 }
 
 // permanent reports whether a changelog write failed for a reason no retry

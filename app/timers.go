@@ -307,7 +307,7 @@ func (pt *partition) fire(ctx context.Context, name string, tm agent.Timer, at t
 // (timerFailed), which marks the task abandoned for its claims.
 func (pt *partition) punctuate(ctx context.Context, ran *bool, fn func() error) error {
 	return pt.task.t.Punctuate(ctx, func() error {
-		if ctx.Err() != nil || pt.feed.isRevoked() {
+		if ctx.Err() != nil || pt.feed.IsRevoked() {
 			return nil
 		}
 		*ran = true
@@ -317,16 +317,6 @@ func (pt *partition) punctuate(ctx context.Context, ran *bool, fn func() error) 
 		}
 		return err
 	})
-}
-
-// isRevoked reports whether the claim's channel closed.
-func (f *claimFeed) isRevoked() bool {
-	select {
-	case <-f.revoked:
-		return true
-	default:
-		return false
-	}
 }
 
 // describeAgent is r as the topology shows it: its source, the partitioned

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/runnel-dev/runnel/assignor"
+	"github.com/runnel-dev/runnel/internal/group"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/task"
 	"github.com/runnel-dev/runnel/stores"
@@ -44,12 +44,11 @@ type txnCycles struct {
 	w    *Worker
 	gate sync.RWMutex // hand-outs read-lock it; a cycle write-locks it
 	wake chan struct{}
-	// joining is set while the member rejoins the group (from its
-	// JoinGroup to its assignment) and gen is the generation of its last
-	// assignment: a transaction commits its offsets with the generation
-	// the coordinator knows, or fails as a zombie's would (KIP-447).
-	joining atomic.Bool
-	gen     atomic.Int32
+	// rejoins says whether the member rejoins the group and the
+	// generation of its last assignment: a transaction commits its offsets
+	// with the generation the coordinator knows, or fails as a zombie's
+	// would (KIP-447).
+	rejoins group.Rejoins
 
 	mu      sync.Mutex
 	open    bool                        // a transaction is open; guarded by mu
@@ -64,11 +63,11 @@ type txnCycles struct {
 	// while it is maxFences stops the worker (zombieRule). Guarded by mu.
 	fences int
 	// window bounds the records a source of the worker has handed out and
-	// not yet resolved (cutWindow), so that a cut, which waits for all of
+	// not yet resolved (group.CutWindow), so that a cut, which waits for all of
 	// them, fits in the transaction: it shrinks when a cut is slow or
 	// misses the transaction's deadline and grows back when cuts are
 	// quick. It outlives sessions and renewals.
-	window cutWindow
+	window group.CutWindow
 	// handedAt is each running task's Handed count at the last cycle: a
 	// task whose sources handed out nothing since is idle, and only then
 	// does a cycle look for transaction markers to skip (see cycle).
@@ -399,7 +398,7 @@ func (x *txnCycles) abort(err error) {
 // transaction.
 func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 	w := x.w
-	for x.joining.Load() {
+	for x.rejoins.Joining() {
 		if !final {
 			return nil
 		}
@@ -485,7 +484,7 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 				inst = &id
 			}
 			meta = sarama.NewConsumerGroupMetadataFromSession(sess, w.app.id, inst)
-			meta.GenerationID = max(meta.GenerationID, x.gen.Load())
+			meta.GenerationID = max(meta.GenerationID, x.rejoins.Generation())
 		} else {
 			meta = sarama.NewConsumerGroupMetadata(w.app.id)
 		}
@@ -527,7 +526,7 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 	}
 	switch {
 	case err == nil:
-		x.window.adapt(st.Cut, w.cutBudget(), held)
+		x.window.Adapt(st.Cut, w.cutBudget(), held)
 		if st.Records > 0 {
 			w.metrics.cycle(st.Records, st.Elapsed)
 		}
@@ -544,11 +543,11 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 		// The cut missed the deadline: the records handed out take longer
 		// than the transaction may. Abort it now and hand out fewer.
 		left := unresolved(trs)
-		x.window.missed(held)
+		x.window.Missed(held)
 		w.metrics.txn.timedOut.Inc()
 		w.log.Warn("transaction could not cut before its deadline; aborting it and handing out fewer records at once",
 			"transaction_age", time.Since(x.began), "deadline", w.cutDeadline(), "transaction_timeout", w.txnTimeout(),
-			"unresolved_at_start", held, "unresolved", left, "window", x.window.load(), "err", err)
+			"unresolved_at_start", held, "unresolved", left, "window", x.window.Load(), "err", err)
 		err = fmt.Errorf("transaction cut deadline (%v of its %v timeout) passed: %w", w.cutDeadline(), w.txnTimeout(), err)
 		x.abortLocked(err)
 		// Aborted already: a caller must not abort again (a final cycle
@@ -557,64 +556,6 @@ func (x *txnCycles) cycle(ctx context.Context, final bool) error {
 	default:
 		w.tasks.postponed(trs...)
 		return err
-	}
-}
-
-// rejoined answers the coordinator's refusal of a transaction's offset commit
-// for generation refused (kafka.Rejoined): the group rebalanced between the
-// cut and the commit, and the coordinator bumped the generation when the
-// join completed. Unanswered, the transaction would abort and every
-// partition of the worker restart (issue #24: half the aborts of the kill -9
-// schedule on Kafka). The member rejoined (or is rejoining: its JoinGroup
-// went out, joining, and SyncGroup is pending), so rejoined waits until its
-// assignment arrived (onAssignment, inside SyncGroup handling; it takes none
-// of the locks the cycle holds) and returns meta under the new generation.
-// KIP-447: the coordinator checks the member and its generation, not which
-// partitions it owns, so this is safe only for the generation right after
-// the refused one: under the cooperative protocol the partitions that
-// generation takes away stay this member's until it revokes them (their
-// final cycles commit again), and a revoked claim cannot end, nor the
-// member send the JoinGroup of the generation after, before its final cycle
-// took txnCycles.mu, which this cycle holds (invariant: a claim's end waits
-// for x.mu without a timeout; revokeClaims' timeout leads to the member's
-// expulsion, which the retry meets as UNKNOWN_MEMBER_ID). Under the eager
-// protocol every claim ended before the JoinGroup, so no cycle is open then.
-// The member ID stays the one the commit was sent with: a member that
-// rejoined under another ID is refused again (UNKNOWN_MEMBER_ID) and the
-// transaction aborts. It gives up, false, when a later generation than the
-// next one is already known, when no join of this member is in progress
-// (the member left the group: the commit must fail), when ctx ends or at
-// deadline (the transaction's timeout comes close). Each commit sent again
-// is counted (runnel_transaction_offset_commits_resent_total).
-func (x *txnCycles) rejoined(meta *sarama.ConsumerGroupMetadata, deadline time.Time) kafka.Rejoined {
-	return func(ctx context.Context, refused int32) (*sarama.ConsumerGroupMetadata, bool) {
-		start := time.Now()
-		t := time.NewTicker(10 * time.Millisecond)
-		defer t.Stop()
-		for {
-			switch g := x.gen.Load(); {
-			case g == refused+1:
-				next := *meta
-				next.GenerationID = g
-				x.w.metrics.txn.resent.Inc()
-				x.w.log.Info("group rebalanced during a transaction's offset commit; committing under the new generation",
-					"refused_generation", refused, "generation", g, "waited", time.Since(start).Round(time.Millisecond))
-				return &next, true
-			case g > refused:
-				// More than one generation passed: one of them may have
-				// given a partition of this commit to another member
-				// (which the next-generation rule below excludes).
-				return nil, false
-			}
-			if !x.joining.Load() || !time.Now().Before(deadline) {
-				return nil, false
-			}
-			select {
-			case <-ctx.Done():
-				return nil, false
-			case <-t.C:
-			}
-		}
 	}
 }
 
@@ -632,25 +573,15 @@ func (x *txnCycles) unchanged(offs []task.Offset) bool {
 	return true
 }
 
-// txnStrategy is the worker's assignor seen by Sarama under ExactlyOnce: it
-// tells the transactions when the member rejoins (SubscriptionUserData is
-// called for every JoinGroup).
-type txnStrategy struct {
-	*assignor.Strategy
-	x *txnCycles
-}
-
-// SubscriptionUserData marks the member as joining and returns the
-// assignor's user data.
-func (s txnStrategy) SubscriptionUserData(topics []string) ([]byte, error) {
-	s.x.joining.Store(true)
-	return s.Strategy.SubscriptionUserData(topics)
-}
-
-// assigned records the generation of an assignment: the member joined.
-func (x *txnCycles) assigned(gen int32) {
-	x.gen.Store(gen)
-	x.joining.Store(false)
+// rejoined is x.rejoins.Rejoined for a commit of meta by deadline, each
+// commit sent again counted (runnel_transaction_offset_commits_resent_total)
+// and logged.
+func (x *txnCycles) rejoined(meta *sarama.ConsumerGroupMetadata, deadline time.Time) kafka.Rejoined {
+	return x.rejoins.Rejoined(meta, deadline, func(refused, g int32, waited time.Duration) {
+		x.w.metrics.txn.resent.Inc()
+		x.w.log.Info("group rebalanced during a transaction's offset commit; committing under the new generation",
+			"refused_generation", refused, "generation", g, "waited", waited.Round(time.Millisecond))
+	})
 }
 
 // txnTimeout is the transaction timeout under ExactlyOnce: four commit
@@ -667,13 +598,13 @@ var minTxnTimeout = 10 * time.Second
 
 // loop runs cycles every commit interval, when a cache is full (wake), and
 // when the tasks' sources handed out records since the last cycle but none
-// in the last idle interval (cycleClock, as taskSet.loop does per task).
+// in the last idle interval (group.CycleClock, as taskSet.loop does per task).
 func (x *txnCycles) loop(ctx context.Context) {
 	w := x.w
 	// A transaction must commit well within its timeout.
-	clock := newCycleClock(min(w.cfg.CommitInterval, w.txnTimeout()/2), w.idleCommit(), false, w.tasks.handed, x.wake)
-	defer clock.stop()
-	for clock.wait(ctx) {
+	clock := group.NewCycleClock(min(w.cfg.CommitInterval, w.txnTimeout()/2), w.idleCommit(), false, w.tasks.handed, x.wake)
+	defer clock.Stop()
+	for clock.Wait(ctx) {
 		cctx, cancel := context.WithTimeout(ctx, w.flushBudget())
 		err := x.cycle(cctx, false)
 		cancel()

@@ -18,6 +18,7 @@ import (
 	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/internal/group"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/kafkaversion"
 	"github.com/runnel-dev/runnel/stores"
@@ -79,7 +80,7 @@ type Worker struct {
 	restoredSpan atomic.Int64    // changelog offsets covered by active restores
 	fatal        fatalState      // agent.StopWorker errors end Run (redeliver.go)
 	runDone      <-chan struct{} // closed when Run's context ends (set by Run before anything starts)
-	attempts     attempts        // failed deliveries per record, across sessions (redeliver.go)
+	attempts     group.Attempts  // failed deliveries per record, across sessions (redeliver.go)
 
 	derived derivedURLs // URL map derived when the leader left it out (global_http.go)
 
@@ -544,7 +545,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	go w.strategy.WatchWarmups(ctx, time.Second)
 	sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{w.strategy}
 	if w.txn != nil {
-		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{txnStrategy{w.strategy, w.txn}}
+		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{group.RejoinStrategy{Strategy: w.strategy, Rejoins: &w.txn.rejoins}}
 	}
 	if w.cfg.InstanceID != "" {
 		sc.Consumer.Group.InstanceId = w.cfg.InstanceID
@@ -719,7 +720,7 @@ func (w *Worker) onAssignment(a assignor.Assignment) {
 	}
 	w.mu.Unlock()
 	if w.txn != nil {
-		w.txn.assigned(a.Generation)
+		w.txn.rejoins.Assigned(a.Generation)
 	}
 	w.metrics.assigned(a)
 	// The restores of partitions that left this worker leave the status

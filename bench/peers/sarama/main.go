@@ -193,7 +193,7 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 }
 
 // Write-cache flush rules of the stateful loop, Runnel's commit-cycle
-// triggers (app/cycleclock.go) with its defaults, so that both write the
+// triggers (internal/group/clock.go) with its defaults, so that both write the
 // same number of changelog records for the same input:
 //   - firstFlush after a claim's first record (Runnel's first-record check,
 //     every 10 ms until a task's first cycle);

@@ -1,4 +1,4 @@
-package app
+package group
 
 import (
 	"context"
@@ -47,10 +47,10 @@ func (f *fakeHanded) stillWaiting(t *testing.T, ch <-chan bool, k int64, why str
 	}
 }
 
-// waitAsync runs c.wait(ctx) on its own goroutine.
-func waitAsync(ctx context.Context, c *cycleClock) <-chan bool {
+// waitAsync runs c.Wait(ctx) on its own goroutine.
+func waitAsync(ctx context.Context, c *CycleClock) <-chan bool {
 	ch := make(chan bool, 1)
-	go func() { ch <- c.wait(ctx) }()
+	go func() { ch <- c.Wait(ctx) }()
 	return ch
 }
 
@@ -82,8 +82,8 @@ func stopWait(t *testing.T, cancel context.CancelFunc, ch <-chan bool) {
 
 func TestCycleClockIdleAfterRecordsStop(t *testing.T) {
 	var f fakeHanded
-	c := newCycleClock(time.Hour, 10*time.Millisecond, false, f.handed, nil)
-	defer c.stop()
+	c := NewCycleClock(time.Hour, 10*time.Millisecond, false, f.handed, nil)
+	defer c.Stop()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := waitAsync(ctx, c)
@@ -109,8 +109,8 @@ func TestCycleClockFirstRecord(t *testing.T) {
 	var f fakeHanded
 	// The idle check is on (the first-record check needs it) but never
 	// comes in the test: the cycle below is the first-record check's.
-	c := newCycleClock(time.Hour, time.Hour, true, f.handed, nil)
-	defer c.stop()
+	c := NewCycleClock(time.Hour, time.Hour, true, f.handed, nil)
+	defer c.Stop()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := waitAsync(ctx, c)
@@ -122,8 +122,8 @@ func TestCycleClockFirstRecord(t *testing.T) {
 		t.Error("the first-record check still runs after the first cycle")
 	}
 
-	off := newCycleClock(time.Hour, 0, true, f.handed, nil)
-	defer off.stop()
+	off := NewCycleClock(time.Hour, 0, true, f.handed, nil)
+	defer off.Stop()
 	if off.first != nil {
 		t.Error("the first-record check runs with the idle check off")
 	}
@@ -132,8 +132,8 @@ func TestCycleClockFirstRecord(t *testing.T) {
 func TestCycleClockWake(t *testing.T) {
 	var f fakeHanded
 	wake := make(chan struct{}, 1)
-	c := newCycleClock(time.Hour, 0, false, f.handed, wake)
-	defer c.stop()
+	c := NewCycleClock(time.Hour, 0, false, f.handed, wake)
+	defer c.Stop()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -143,8 +143,8 @@ func TestCycleClockWake(t *testing.T) {
 
 func TestCycleClockTick(t *testing.T) {
 	var f fakeHanded
-	c := newCycleClock(10*time.Millisecond, 0, false, f.handed, nil)
-	defer c.stop()
+	c := NewCycleClock(10*time.Millisecond, 0, false, f.handed, nil)
+	defer c.Stop()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -153,8 +153,8 @@ func TestCycleClockTick(t *testing.T) {
 
 func TestCycleClockContextEnds(t *testing.T) {
 	var f fakeHanded
-	c := newCycleClock(time.Hour, 10*time.Millisecond, true, f.handed, make(chan struct{}, 1))
-	defer c.stop()
+	c := NewCycleClock(time.Hour, 10*time.Millisecond, true, f.handed, make(chan struct{}, 1))
+	defer c.Stop()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := waitAsync(ctx, c)

@@ -1,29 +1,29 @@
-package app
+package group
 
 import (
 	"context"
 	"time"
 )
 
-// firstCheck is how often a new task looks whether its sources handed out a
-// record yet, for its first cycle (cycleClock's first-record check).
-const firstCheck = 10 * time.Millisecond
+// FirstCheck is how often a new task looks whether its sources handed out a
+// record yet, for its first cycle (CycleClock's first-record check).
+const FirstCheck = 10 * time.Millisecond
 
-// cycleClock says when the next commit cycle is due. It schedules the cycles
-// of one task (taskSet.loop) and, under ExactlyOnce, the worker-wide cycles
-// of all tasks (txnCycles.loop); the loop that calls wait runs the cycle.
+// CycleClock says when the next commit cycle is due. It schedules the cycles
+// of one task (app's taskSet.loop) and, under ExactlyOnce, the worker-wide cycles
+// of all tasks (app's txnCycles.loop); the loop that calls Wait runs the cycle.
 // A cycle is due on the first of:
 //
 //   - the tick: every commit interval (txnCycles.loop ticks at most every
 //     half transaction timeout: a transaction must commit well within it);
-//   - wake: a table cache is full (taskSet.wake sends, never blocking);
-//   - the idle check, every idle interval (Worker.idleCommit; off when
+//   - wake: a table cache is full (app's taskSet.wake sends, never blocking);
+//   - the idle check, every idle interval (app's Worker.idleCommit; off when
 //     Config.IdleCommit is negative): an idle task cycles at once: when its
 //     sources handed out records since the last cycle and none in the last
 //     idle interval (the partition is caught up, or the input paused),
 //     nothing would join the batch by waiting, and the state and the commit
 //     would only come later;
-//   - the first-record check, every firstCheck until the first cycle (for
+//   - the first-record check, every FirstCheck until the first cycle (for
 //     taskSet.loop only; like the idle check, off when Config.IdleCommit is
 //     negative): the first cycle of a task comes as soon as its sources
 //     handed out a record, idle or not: after a hand-over or a restart the
@@ -34,8 +34,8 @@ const firstCheck = 10 * time.Millisecond
 //     bench/sidebyside's handover trace; docs/benchmarks.md).
 //
 // handed counts the records the sources handed out so far; it never
-// decreases. A cycleClock is owned by the goroutine of its loop.
-type cycleClock struct {
+// decreases. A CycleClock is owned by the goroutine of its loop.
+type CycleClock struct {
 	handed func() int64
 	wake   <-chan struct{}
 	tick   *time.Ticker
@@ -46,26 +46,26 @@ type cycleClock struct {
 	cycled, seen int64
 }
 
-// newCycleClock starts a clock ticking every commit interval (every), with
+// NewCycleClock starts a clock ticking every commit interval (every), with
 // an idle check every idle (off when idle <= 0) and, if firstRecord and the
-// idle check is on, a first-record check every firstCheck. Stop it with
-// stop.
-func newCycleClock(every, idle time.Duration, firstRecord bool, handed func() int64, wake <-chan struct{}) *cycleClock {
-	c := &cycleClock{handed: handed, wake: wake, tick: time.NewTicker(every)}
+// idle check is on, a first-record check every FirstCheck. Stop it with
+// Stop.
+func NewCycleClock(every, idle time.Duration, firstRecord bool, handed func() int64, wake <-chan struct{}) *CycleClock {
+	c := &CycleClock{handed: handed, wake: wake, tick: time.NewTicker(every)}
 	if idle > 0 {
 		c.idle = time.NewTicker(idle)
 		if firstRecord {
-			c.first = time.NewTicker(firstCheck)
+			c.first = time.NewTicker(FirstCheck)
 		}
 	}
 	return c
 }
 
-// wait blocks until the next cycle is due and returns true, having counted
+// Wait blocks until the next cycle is due and returns true, having counted
 // the records handed out so far as cycled (the caller runs the cycle at
 // once); it returns false when ctx ends. The first-record check stops at
 // the first cycle, whatever brought it.
-func (c *cycleClock) wait(ctx context.Context) bool {
+func (c *CycleClock) Wait(ctx context.Context) bool {
 	var idleC, firstC <-chan time.Time // nil (never ready) when off
 	if c.idle != nil {
 		idleC = c.idle.C
@@ -100,8 +100,8 @@ func (c *cycleClock) wait(ctx context.Context) bool {
 	}
 }
 
-// stop stops the clock's tickers.
-func (c *cycleClock) stop() {
+// Stop stops the clock's tickers.
+func (c *CycleClock) Stop() {
 	c.tick.Stop()
 	if c.idle != nil {
 		c.idle.Stop()

@@ -1,4 +1,4 @@
-package app
+package group
 
 import (
 	"context"
@@ -63,22 +63,22 @@ func (h *sessionHandler) ConsumeClaim(s sarama.ConsumerGroupSession, _ sarama.Co
 // commit whose context ended before it was sent is answered with that error
 // and not sent. The linger is long here so that the test waits for events,
 // not time: only the tasks' own commits (or their leaving) release a batch.
-func TestCommitQueueSendsFinalCyclesTogether(t *testing.T) {
+func TestOffsetCommitterSendsFinalCyclesTogether(t *testing.T) {
 	brokers := testbroker.Brokers(t)
 	topic := testbroker.Topic(t, "in")
 	testbroker.CreateTopic(t, brokers, topic, 4, nil)
 	group := testbroker.Topic(t, "g")
 	sess := memberOf(t, brokers, group, topic)
 	var logs testbroker.LockedBuffer
-	w := &Worker{app: &App{id: group}, meta: testbroker.Client(t, brokers),
-		log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
-	w.tasks.w = w
-	w.tasks.commits.linger = time.Hour
+	var mu sync.Mutex
+	m := Member{Client: testbroker.Client(t, brokers), Group: group, Mu: &mu,
+		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	q := &OffsetCommitter[int]{Linger: time.Hour}
+	noMeta := func() []string { return nil }
 
-	trs := make([]*taskRun, 4)
-	for i := range trs {
-		trs[i] = &taskRun{key: taskKey{4, int32(i)}}
-		w.tasks.commits.expect(trs[i])
+	trs := []int{0, 1, 2, 3} // the tasks of partitions 0 to 3
+	for _, tr := range trs {
+		q.Expect(tr)
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, len(trs))
@@ -86,7 +86,7 @@ func TestCommitQueueSendsFinalCyclesTogether(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = w.commitSync(context.Background(), tr, sess, []task.Offset{{Topic: topic, Partition: int32(i), Offset: int64(10 + i)}})
+			errs[i] = q.CommitSync(context.Background(), m, tr, sess, []task.Offset{{Topic: topic, Partition: int32(i), Offset: int64(10 + i)}}, noMeta)
 		}()
 	}
 	wg.Wait()
@@ -104,14 +104,14 @@ func TestCommitQueueSendsFinalCyclesTogether(t *testing.T) {
 	}
 
 	// Two suspend; one commits, the other ends without a commit.
-	a, b := &taskRun{key: taskKey{4, 0}}, &taskRun{key: taskKey{4, 1}}
-	w.tasks.commits.expect(a)
-	w.tasks.commits.expect(b)
+	a, b := 0, 1
+	q.Expect(a)
+	q.Expect(b)
 	res := make(chan error, 1)
 	go func() {
-		res <- w.commitSync(context.Background(), a, sess, []task.Offset{{Topic: topic, Partition: 0, Offset: 20}})
+		res <- q.CommitSync(context.Background(), m, a, sess, []task.Offset{{Topic: topic, Partition: 0, Offset: 20}}, noMeta)
 	}()
-	w.tasks.commits.unexpect(b)
+	q.Unexpect(b)
 	if err := <-res; err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestCommitQueueSendsFinalCyclesTogether(t *testing.T) {
 	// A commit whose context ended is not sent.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := w.tasks.commits.commit(ctx, w, a, sess, []task.Offset{{Topic: topic, Partition: 0, Offset: 30}}); err == nil {
+	if err := q.Commit(ctx, m, a, sess, []task.Offset{{Topic: topic, Partition: 0, Offset: 30}}, nil); err == nil {
 		t.Fatal("a commit with an ended context succeeded")
 	}
 	if got := testbroker.Committed(t, brokers, group, topic)[0]; got != 20 {
