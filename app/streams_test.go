@@ -90,7 +90,13 @@ func readAll(t *testing.T, client sarama.Client, topic string) map[int32][]*sara
 	read:
 		for {
 			select {
-			case m := <-pc.Messages():
+			case m, ok := <-pc.Messages():
+				if !ok {
+					// The partition consumer ended on an error (Sarama
+					// closes its channel): fail with what was read.
+					start, _ := client.GetOffset(topic, p, sarama.OffsetOldest)
+					t.Fatalf("read %s[%d]: the partition consumer ended after %d records, highwater %d, log start %d", topic, p, len(out[p]), hw, start)
+				}
 				out[p] = append(out[p], m)
 				if m.Offset >= hw-1 {
 					break read
