@@ -262,6 +262,7 @@ func testDeadLetteredOnceAcrossOwners(t *testing.T, stateful bool) {
 	}
 
 	refuse.Store(false)
+	metaAtStart2 := f.committedMetadata()
 	stop2 := run()
 	f.eventually(30*time.Second, "v2 processed again and committed", func() bool { return seen.get("v2") == 2 && f.committed() == 3 })
 	stop2()
@@ -274,7 +275,7 @@ func testDeadLetteredOnceAcrossOwners(t *testing.T, stateful bool) {
 		for _, m := range dlq {
 			offs = append(offs, header(m, HeaderOffset))
 		}
-		t.Fatalf("dead-letter topic holds %d records (source offsets %v), want bad@1 once", len(dlq), offs)
+		t.Fatalf("dead-letter topic holds %d records (source offsets %v), want bad@1 once (commit metadata at the second owner's start: %q)", len(dlq), offs, metaAtStart2)
 	}
 }
 

@@ -203,6 +203,24 @@ func (f *ackFixture) committed() int64 {
 	return off
 }
 
+// committedMetadata returns the commit metadata of the group's committed
+// offset of the input's partition 0 ("" when none or on an error).
+func (f *ackFixture) committedMetadata() string {
+	f.t.Helper()
+	om, err := sarama.NewOffsetManagerFromClient(f.app.id, f.client)
+	if err != nil {
+		return ""
+	}
+	defer om.Close()
+	pom, err := om.ManagePartition(f.in.Name(), 0)
+	if err != nil {
+		return ""
+	}
+	defer pom.AsyncClose()
+	_, meta := pom.NextOffset()
+	return meta
+}
+
 // counter counts how often each value was processed.
 type counter struct {
 	mu sync.Mutex
