@@ -22,7 +22,7 @@ import (
 // comes back from the cron table's changelog) fires each partition once at
 // start, for the latest missed 09:00, and a later restart with nothing
 // missed fires nothing; a new schedule fires nothing at its first start.
-// The clock is set ahead with WithCronClock.
+// The cron clock is set to those days with WithCronClock.
 func TestCronTimerRunsMissedOnce(t *testing.T) {
 	brokers := testbroker.Brokers(t)
 	id := testbroker.Topic(t, "cron")
@@ -80,7 +80,14 @@ func TestCronTimerRunsMissedOnce(t *testing.T) {
 	}
 	recs, _ := words(200, wordPerPartition("w")...)
 
-	day1 := time.Date(2030, 1, 7, 9, 0, 0, 0, time.UTC)
+	// The firings' records carry their tick's time (Kafka Streams forwards
+	// at the punctuation's time), so the days are in the recent past: Kafka
+	// 4 refuses a record stamped more than an hour ahead of the broker
+	// (log.message.timestamp.after.max.ms), and its retention (7 days)
+	// deletes older ones. day1 is the 09:00 UTC five days ago.
+	now := time.Now().UTC()
+	day1 := time.Date(now.Year(), now.Month(), now.Day(), 9, 0, 0, 0, time.UTC).AddDate(0, 0, -5)
+	firing1, firing4 := day1.Format(time.RFC3339), day1.AddDate(0, 0, 3).Format(time.RFC3339)
 	// The schedule is new: the first start arms it (one row per partition
 	// in the cron table, committed by the next cycle) and fires nothing.
 	setClock(day1.Add(-23 * time.Hour))
@@ -99,7 +106,7 @@ func TestCronTimerRunsMissedOnce(t *testing.T) {
 	// joining the group took longer (then 09:00 was missed): once either way.
 	setClock(day1.Add(-2 * time.Second))
 	_, stop = goWorker(t, a, brokers, t.TempDir())
-	reportsAre(parts, "2030-01-07T09:00:00Z")
+	reportsAre(parts, firing1)
 	testbroker.WaitLag0(t, brokers, id, in.Name())
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -109,7 +116,7 @@ func TestCronTimerRunsMissedOnce(t *testing.T) {
 	setClock(day1.Add(3*24*time.Hour + time.Hour))
 	dir := t.TempDir()
 	_, stop = goWorker(t, a, brokers, dir)
-	reportsAre(2*parts, "2030-01-07T09:00:00Z", "2030-01-10T09:00:00Z")
+	reportsAre(2*parts, firing1, firing4)
 	send(t, brokers, in.Name(), recs...)
 	testbroker.WaitLag0(t, brokers, id, in.Name())
 	if err := stop(); err != nil {
@@ -141,7 +148,7 @@ func TestCronTimerRunsMissedOnce(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	reportsAre(2*parts, "2030-01-07T09:00:00Z", "2030-01-10T09:00:00Z")
+	reportsAre(2*parts, firing1, firing4)
 	_, want := words(600, wordPerPartition("w")...) // three batches of 200
 	wantCounts(t, storeTable(t, dir, "counts"), want)
 }
