@@ -1,14 +1,11 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,7 +82,7 @@ func BenchmarkSharedSources(b *testing.B) {
 		}
 	})
 	b.Run("nats-jetstream", func(b *testing.B) {
-		url := natsServer(b)
+		url := testtool.NATSServer(b)
 		nc, err := natsgo.Connect(url)
 		if err != nil {
 			b.Fatal(err)
@@ -314,43 +311,6 @@ func kafkaInput(b *testing.B, brokers []string, n int, value []byte) string {
 		b.Fatalf("%d records not written", failed.Load())
 	}
 	return topic
-}
-
-// natsServer starts nats-server with JetStream on a free loopback port.
-func natsServer(b *testing.B) string {
-	b.Helper()
-	bin := testtool.LookPath(b, "nats-server", "nats-server", "apt-get install nats-server")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", fmt.Sprint(port), "-js", "-sd", b.TempDir())
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	ready := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		var once sync.Once
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), "Server is ready") {
-				once.Do(func() { close(ready) })
-			}
-		}
-	}()
-	select {
-	case <-ready:
-	case <-time.After(10 * time.Second):
-		b.Fatal("nats-server did not become ready")
-	}
-	return fmt.Sprintf("nats://127.0.0.1:%d", port)
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

@@ -16,10 +16,15 @@
 package testtool
 
 import (
+	"bufio"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // EnvVar is the environment variable that, set to 1, makes tool required.
@@ -49,4 +54,45 @@ func LookPath(t testing.TB, tool, program, install string) string {
 		Missing(t, tool, program+" not found on PATH", install)
 	}
 	return p
+}
+
+// NATSServer starts a real nats-server (Debian package nats-server) with
+// JetStream in a temporary directory on a free loopback port, stopped at
+// the test's cleanup, and returns its URL (nats://127.0.0.1:port). A missing
+// binary skips the test unless RUNNEL_REQUIRE_NATS_SERVER=1 (CI) fails it
+// (LookPath); a server not ready within 10 s fails it.
+func NATSServer(t testing.TB) string {
+	t.Helper()
+	bin := LookPath(t, "nats-server", "nats-server", "apt-get install nats-server")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", fmt.Sprint(port), "-js", "-sd", t.TempDir())
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		var once sync.Once
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "Server is ready") {
+				once.Do(func() { close(ready) })
+			}
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(10 * time.Second):
+		t.Fatal("nats-server did not become ready")
+	}
+	return fmt.Sprintf("nats://127.0.0.1:%d", port)
 }

@@ -1,16 +1,10 @@
 package nats
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"os/exec"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,49 +14,10 @@ import (
 	"github.com/runnel-dev/runnel/internal/testtool"
 )
 
-// startServer starts a real nats-server (Debian package nats-server) with
-// JetStream in a temporary directory on a free loopback port. A missing
-// binary skips the test unless RUNNEL_REQUIRE_NATS_SERVER=1 (CI) fails it.
-func startServer(t *testing.T) string {
-	t.Helper()
-	bin := testtool.LookPath(t, "nats-server", "nats-server", "apt-get install nats-server")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cmd := exec.Command(bin, "-a", "127.0.0.1", "-p", fmt.Sprint(port), "-js", "-sd", t.TempDir())
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	ready := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		once := sync.Once{}
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), "Server is ready") {
-				once.Do(func() { close(ready) })
-			}
-		}
-	}()
-	select {
-	case <-ready:
-	case <-time.After(10 * time.Second):
-		t.Fatal("nats-server did not become ready")
-	}
-	return fmt.Sprintf("nats://127.0.0.1:%d", port)
-}
-
 // clean -> acked once; rejected -> terminated, never redelivered; failed ->
 // redelivered (after the Nak delay), then acked.
 func TestJetStreamAckTermNak(t *testing.T) {
-	url := startServer(t)
+	url := testtool.NATSServer(t)
 	nc, err := natsgo.Connect(url)
 	if err != nil {
 		t.Fatal(err)
