@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"iter"
 	"runtime/debug"
 	"sync/atomic"
@@ -34,7 +35,7 @@ type Runner interface {
 	// error policy: rejected under DeadLetter, failed otherwise, never acked.
 	// Run may be called again with the same subscription to restart the
 	// agent; it continues with the next queued record.
-	Run(ctx context.Context, p int32, sub *source.Subscription, env *table.Env) error
+	Run(ctx context.Context, p int32, sub *source.Subscription, env *tablestate.Env) error
 }
 
 // Agent is a declared agent.
@@ -67,7 +68,7 @@ func (a *Agent[K, V]) Name() string { return a.name }
 func (a *Agent[K, V]) Topic() string { return a.topic.Name() }
 
 // Run implements Runner.
-func (a *Agent[K, V]) Run(ctx context.Context, p int32, sub *source.Subscription, env *table.Env) error {
+func (a *Agent[K, V]) Run(ctx context.Context, p int32, sub *source.Subscription, env *tablestate.Env) error {
 	s := &Stream[K, V]{ctx: ctx, sub: sub, partition: p, kc: a.topic.kc, vc: a.topic.vc, env: env}
 	panicked, err := a.call(ctx, s)
 	if s.err != nil {
@@ -119,7 +120,7 @@ type Stream[K any, V any] struct {
 	partition int32
 	kc        codec.Codec[K]
 	vc        codec.Codec[V]
-	env       *table.Env
+	env       *tablestate.Env
 	err       error
 	// cur is the delivery last handed to the body: its window is open until
 	// the iteration pulls the next record.
@@ -143,7 +144,7 @@ func (s *Stream[K, V]) Events() iter.Seq[*Event[K, V]] {
 			s.cur = nil
 			// One allocation per record holds the event and its delivery.
 			ev := &Event[K, V]{env: s.env}
-			ev.handle = evbind.New[*table.Env]((*eventBinder[K, V])(ev))
+			ev.handle = evbind.New[*tablestate.Env]((*eventBinder[K, V])(ev))
 			d := &ev.d
 			if err := s.sub.NextInto(s.ctx, d); err != nil {
 				if !errors.Is(err, source.ErrGroupStopped) && s.ctx.Err() == nil {
@@ -189,7 +190,7 @@ type Event[K any, V any] struct {
 	handle                 // links table writes and sends to the worker (evbind)
 	rec    *source.Record  // the source record
 	d      source.Delivery // its address names the record's window
-	env    *table.Env
+	env    *tablestate.Env
 	// ack receives the broker's answer for the event's first sink record
 	// (bindSink); ackUsed says it is taken.
 	ack     sinkAck
@@ -198,7 +199,7 @@ type Event[K any, V any] struct {
 
 // handle is unexported so that the event's link to its worker is no field
 // of Event's API.
-type handle = evbind.Handle[*table.Env]
+type handle = evbind.Handle[*tablestate.Env]
 
 // eventBinder gives an Event the methods evbind.Binder asks for without
 // making them methods of Event: a user calling BindPersist out of turn would
@@ -206,7 +207,7 @@ type handle = evbind.Handle[*table.Env]
 type eventBinder[K any, V any] Event[K, V]
 
 // Env implements evbind.Binder.
-func (b *eventBinder[K, V]) Env() *table.Env { return b.env }
+func (b *eventBinder[K, V]) Env() *tablestate.Env { return b.env }
 
 // BindPersist implements evbind.Binder: it binds one derived record to the
 // event.
@@ -218,11 +219,8 @@ func (b *eventBinder[K, V]) BindPersist() (func(error), bool) {
 	return func(err error) { a.Acked(-1, err) }, true
 }
 
-// Origin implements table.Originator: the source record's topic, partition,
-// offset and timestamp.
-func (e *Event[K, V]) Origin() table.Origin {
-	return table.Origin{Topic: e.rec.Topic, Partition: e.rec.Partition, Offset: e.rec.Offset, Timestamp: e.rec.Timestamp}
-}
+// EventTime implements evbind.Binder: the source record's timestamp.
+func (b *eventBinder[K, V]) EventTime() time.Time { return b.rec.Timestamp }
 
 // Topic is the name of the record's topic.
 func (e *Event[K, V]) Topic() string { return e.rec.Topic }
@@ -300,11 +298,11 @@ func (e *Event[K, V]) bindSink() (*sinkAck, bool) {
 // (CountAcked), calls its success counter.
 type sinkAck struct {
 	tok      source.Token
-	inflight *table.InFlight
+	inflight *tablestate.InFlight
 	inc      func() // called on a successful answer; nil: none
 }
 
-// Acked implements table.Acker.
+// Acked implements tablestate.Acker.
 func (a *sinkAck) Acked(_ int64, err error) {
 	if err == nil {
 		if a.inc != nil {

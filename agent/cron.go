@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"strconv"
 	"strings"
 	"time"
@@ -183,7 +184,7 @@ func (tm Timer) cronKey(p, parts int32) (string, error) {
 // was armed there, see Arm), as committed or written in the current cycle,
 // and false when it never did. parts is the partition count of the agent's
 // topic. Errors: the table's (not running, a store error).
-func (tm Timer) LastFiring(p, parts int32, env *table.Env) (time.Time, bool, error) {
+func (tm Timer) LastFiring(p, parts int32, env *tablestate.Env) (time.Time, bool, error) {
 	if tm.last == nil {
 		return time.Time{}, false, fmt.Errorf("cron %q: no cron table", tm.Cron)
 	}
@@ -201,7 +202,7 @@ func (tm Timer) LastFiring(p, parts int32, env *table.Env) (time.Time, bool, err
 // Arm records at as the timer's last firing on partition p without running
 // its function: a schedule first seen on a partition counts its missed runs
 // from then. It runs between two commit cycles, as Fire does.
-func (tm Timer) Arm(ctx context.Context, p, parts int32, env *table.Env, at time.Time) error {
+func (tm Timer) Arm(ctx context.Context, p, parts int32, env *tablestate.Env, at time.Time) error {
 	arm := tm
 	arm.Fn = func(context.Context, *Tick) error { return nil }
 	arm.parts = parts

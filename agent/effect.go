@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 
 	"github.com/runnel-dev/runnel/table"
 )
@@ -34,7 +35,7 @@ func (e *Effect) Name() string { return e.name }
 // wrapped with the effect's name, and the agent should return it so that
 // the record is not committed (it is redelivered, or fails the replay).
 func (e *Effect) Apply(ev table.Event, fn func() (applied bool, err error)) (bool, error) {
-	var gate table.ReplayGate
+	var gate tablestate.ReplayGate
 	if env := envOf(ev); env != nil {
 		gate = env.Replay
 	}

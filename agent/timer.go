@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"log/slog"
 	"runtime/debug"
 	"sync"
@@ -143,7 +144,7 @@ func (tm Timer) Boundary(t time.Time) time.Time {
 // wait). The worker calls it between two commit cycles of the partition's
 // task. Errors: fn's (a panic is recovered into one), the first delivery
 // error, ctx's.
-func (tm Timer) Fire(ctx context.Context, p int32, env *table.Env, at time.Time) error {
+func (tm Timer) Fire(ctx context.Context, p int32, env *tablestate.Env, at time.Time) error {
 	tk := newTick(at, p, env, true)
 	err := tk.call(ctx, tm.Fn)
 	if err == nil {
@@ -175,7 +176,7 @@ type Tick struct {
 
 	handle    // links table writes and sends to the worker (evbind)
 	partition int32
-	env       *table.Env
+	env       *tablestate.Env
 
 	mu      sync.Mutex
 	open    bool          // the function is running; guarded by mu
@@ -189,9 +190,9 @@ func (t *Tick) Partition() int32 { return t.partition }
 
 // newTick returns the firing of a timer at on partition p; open says whether
 // it takes writes (the timer function runs).
-func newTick(at time.Time, p int32, env *table.Env, open bool) *Tick {
+func newTick(at time.Time, p int32, env *tablestate.Env, open bool) *Tick {
 	t := &Tick{Time: at, partition: p, env: env, open: open, idle: make(chan struct{})}
-	t.handle = evbind.New[*table.Env]((*tickBinder)(t))
+	t.handle = evbind.New[*tablestate.Env]((*tickBinder)(t))
 	return t
 }
 
@@ -200,7 +201,7 @@ func newTick(at time.Time, p int32, env *table.Env, open bool) *Tick {
 type tickBinder Tick
 
 // Env implements evbind.Binder.
-func (b *tickBinder) Env() *table.Env { return b.env }
+func (b *tickBinder) Env() *tablestate.Env { return b.env }
 
 // BindPersist implements evbind.Binder.
 func (b *tickBinder) BindPersist() (func(error), bool) { return (*Tick)(b).bindPersist() }
@@ -213,11 +214,9 @@ func (t *Tick) InWindow() bool {
 	return t.open
 }
 
-// Origin implements table.Originator: a tick has no source record; its
-// timestamp is Time, so windowed tables put its writes in Time's window.
-func (t *Tick) Origin() table.Origin {
-	return table.Origin{Partition: t.partition, Offset: -1, Timestamp: t.Time}
-}
+// EventTime implements evbind.Binder: a tick has no source record; its
+// event time is Time, so windowed tables put its writes in Time's window.
+func (b *tickBinder) EventTime() time.Time { return b.Time }
 
 // bindPersist binds one derived record to the firing: the firing waits for
 // the broker's answer to every record bound to it before the next commit
@@ -229,7 +228,7 @@ func (t *Tick) bindPersist() (func(error), bool) {
 		return nil, false
 	}
 	t.pending++
-	var inflight *table.InFlight
+	var inflight *tablestate.InFlight
 	if t.env != nil {
 		inflight = t.env.InFlight
 	}

@@ -3,11 +3,10 @@ package agent
 import (
 	"context"
 	"errors"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/runnel-dev/runnel/table"
 )
 
 // A firing waits for the broker's answer to every record its function bound,
@@ -32,15 +31,15 @@ func TestFireWaitsForBoundRecords(t *testing.T) {
 		(<-answers)(errors.New("NOT_LEADER"))
 	}()
 	at := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
-	err := tm.Fire(context.Background(), 3, &table.Env{}, at)
+	err := tm.Fire(context.Background(), 3, &tablestate.Env{}, at)
 	if err == nil || !strings.Contains(err.Error(), "NOT_LEADER") || !strings.Contains(err.Error(), "partition 3") {
 		t.Fatalf("Fire = %v, want the delivery error with the partition", err)
 	}
 	if _, ok := late.bindPersist(); ok || late.InWindow() {
 		t.Fatal("a tick accepts bindings after its function returned")
 	}
-	if o := late.Origin(); !o.Timestamp.Equal(at) || o.Partition != 3 || o.Offset != -1 {
-		t.Fatalf("origin %+v", o)
+	if ts := tablestate.EventTime(late); !ts.Equal(at) || late.Partition() != 3 {
+		t.Fatalf("event time %v, partition %d: want %v, 3", ts, late.Partition(), at)
 	}
 }
 

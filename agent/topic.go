@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"strings"
 	"time"
 
@@ -155,8 +156,8 @@ func (t *Topic[K, V]) stamp(ev table.Event) time.Time {
 	if tk, ok := ev.(*Tick); ok {
 		return tk.Time
 	}
-	if o, ok := ev.(table.Originator); ok && t.repartitionOf != "" {
-		return o.Origin().Timestamp
+	if t.repartitionOf != "" {
+		return tablestate.EventTime(ev)
 	}
 	return time.Time{}
 }
@@ -167,7 +168,7 @@ func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 	if env == nil || env.Send == nil {
 		return fmt.Errorf("send to %s: %w", t.name, table.ErrNotRunning)
 	}
-	var ack table.Acker
+	var ack tablestate.Acker
 	if se, ok := ev.(sinkBinder); ok {
 		// An agent's event: one value receives the answer, no closures.
 		a, ok := se.bindSink()
@@ -180,7 +181,7 @@ func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 		if !ok {
 			return fmt.Errorf("send to %s: %w", t.name, table.ErrOutsideWindow)
 		}
-		ack = table.AckFunc(func(_ int64, err error) { done(err) })
+		ack = tablestate.AckFunc(func(_ int64, err error) { done(err) })
 	}
 	p := kafka.PartitionFor(kb, t.partitions)
 	var err error
@@ -203,7 +204,7 @@ type sinkBinder interface {
 }
 
 // envOf returns the runtime of the worker processing ev, nil outside a worker.
-func envOf(ev table.Event) *table.Env {
+func envOf(ev table.Event) *tablestate.Env {
 	if b := evbind.Of(ev); b != nil {
 		return b.Env()
 	}

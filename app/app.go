@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"log/slog"
 	"os"
 	"sort"
@@ -148,7 +149,7 @@ func (a *App) Topology() (*topology.Graph, error) {
 	for _, d := range a.tables {
 		tt := topology.Table{Name: d.Name(), Changelog: d.Changelog(), Partitions: d.Partitions(),
 			KeyCodec: d.KeyCodec(), ValueCodec: d.ValueCodec()}
-		if j, ok := d.(table.JoinDef); ok {
+		if j, ok := d.(tablestate.JoinDef); ok {
 			kind, l, r := j.JoinOf()
 			tt.JoinKind, tt.JoinOf = kind, []string{l, r}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -86,7 +87,7 @@ func testWriteCacheBounded(t *testing.T, g app.Guarantee) {
 			if ev.Key == "hold" && bound1.CompareAndSwap(false, true) {
 				// A derived record bound to the event and answered late:
 				// the record stays unresolved after the agent moved on.
-				done, ok := evbind.Of[*table.Env](ev).BindPersist()
+				done, ok := evbind.Of[*tablestate.Env](ev).BindPersist()
 				if !ok {
 					return errors.New("could not bind to the held record")
 				}

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"io"
 	"time"
 
@@ -46,3 +47,7 @@ func HoldRestores(hold func() bool) (remove func()) {
 
 // WrapClient gives a test's Sarama client the type the tools take.
 func WrapClient(c sarama.Client) *Client { return wrapClient(c) }
+
+// GlobalReplica returns w's replica of the named global table (nil if there
+// is none): the runtime the tests of global tables look into.
+func (w *Worker) GlobalReplica(name string) *tablestate.GlobalState { return w.globalReplica(name) }

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -37,25 +38,26 @@ type globals struct {
 }
 
 type globalRuntime struct {
-	def   table.GlobalDef
+	def   table.Def
 	parts int32
 	store stores.Store
-	state *table.GlobalState
+	state *tablestate.GlobalState
 }
 
 // openGlobals opens a store and a replica per declared global table. The
 // returned closers (run in reverse) detach the replicas and close the stores;
 // they are returned also on error.
-func (w *Worker) openGlobals(send table.ChangelogSendFunc) ([]func() error, error) {
+func (w *Worker) openGlobals(send tablestate.ChangelogSendFunc) ([]func() error, error) {
 	var closers []func() error
 	for _, tt := range w.graph.Tables {
-		var def table.GlobalDef
+		var def table.Def
+		var rep tablestate.Replicated
 		for _, d := range w.app.tables {
-			if g, ok := d.(table.GlobalDef); ok && d.Name() == tt.Name {
-				def = g
+			if g, ok := tablestate.RuntimeOf(d).(tablestate.Replicated); ok && d.Name() == tt.Name {
+				def, rep = d, g
 			}
 		}
-		if def == nil {
+		if rep == nil {
 			continue
 		}
 		var st stores.Store
@@ -66,23 +68,23 @@ func (w *Worker) openGlobals(send table.ChangelogSendFunc) ([]func() error, erro
 			return closers, fmt.Errorf("open store of global table %s: %w", tt.Name, err)
 		}
 		closers = append(closers, st.Close)
-		gs, err := table.NewGlobalState(def, tt.Partitions, st, send)
+		gs, err := tablestate.NewGlobalState(def, tt.Partitions, st, send)
 		if err != nil {
 			return closers, err
 		}
 		nparts := tt.Partitions
 		gs.CacheBytes = w.cfg.CacheBytes
 		gs.OnFull = func(p int32) { w.tasks.wake(taskKey{nparts, p}) }
-		detach := def.AttachReplica(gs)
+		detach := rep.AttachReplica(gs)
 		closers = append(closers, func() error { detach(); return nil })
 		w.glob.tables = append(w.glob.tables, &globalRuntime{def: def, parts: tt.Partitions, store: st, state: gs})
 	}
 	return closers, nil
 }
 
-// globalStates maps each global table's name to its replica, for table.Env.
-func (w *Worker) globalStates() map[string]*table.GlobalState {
-	m := map[string]*table.GlobalState{}
+// globalStates maps each global table's name to its replica, for tablestate.Env.
+func (w *Worker) globalStates() map[string]*tablestate.GlobalState {
+	m := map[string]*tablestate.GlobalState{}
 	for _, g := range w.glob.tables {
 		m[g.def.Name()] = g.state
 	}
@@ -243,9 +245,9 @@ func (w *Worker) checkGlobals(a assignor.Assignment) {
 	}
 }
 
-// GlobalReplica returns this worker's replica of the named global table (nil
+// globalReplica returns this worker's replica of the named global table (nil
 // if there is none), for tests and the status page.
-func (w *Worker) GlobalReplica(name string) *table.GlobalState {
+func (w *Worker) globalReplica(name string) *tablestate.GlobalState {
 	for _, g := range w.glob.tables {
 		if g.def.Name() == name {
 			return g.state
@@ -266,6 +268,6 @@ func (w *Worker) GlobalRestored() (records, span int64) {
 func (w *Worker) GlobalsReady() bool { return w.glob.ready.Load() }
 
 func isGlobal(d table.Def) bool {
-	_, ok := d.(table.GlobalDef)
+	_, ok := tablestate.RuntimeOf(d).(tablestate.Replicated)
 	return ok
 }

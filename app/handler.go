@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"slices"
 	"sync"
 	"time"
@@ -12,7 +13,6 @@ import (
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/internal/group"
 	"github.com/runnel-dev/runnel/stores"
-	"github.com/runnel-dev/runnel/table"
 )
 
 // handler is the sarama.ConsumerGroupHandler of a worker: one generation's
@@ -198,14 +198,14 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	}
 	pt := &partition{h: h, w: w, sess: sess, topic: topic, p: p, key: fmt.Sprintf("%s[%d]", topic, p),
 		runners: runners, feed: group.NewClaimFeed(claim), retry: w.cfg.redelivery.withDefaults(),
-		inflight: &table.InFlight{}}
+		inflight: &tablestate.InFlight{}}
 	// Dead letters an earlier owner wrote of the records this claim hands
 	// out again are not written twice (dlq.go, at-least-once only).
 	if err := w.loadDeadLetters(ctx, pt, claim.InitialOffset()); err != nil && ctx.Err() == nil {
 		w.log.Warn("could not read the dead letters of records to be processed again; a record rejected again may be dead-lettered twice",
 			"topic", topic, "partition", p, "err", err)
 	}
-	var states []table.Cutter
+	var states []tablestate.Cutter
 	for _, rk := range acquired {
 		states = append(states, w.tableByName(rk.table).state)
 	}
@@ -222,7 +222,7 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 		k := taskKey{src.Partitions, p}
 		tr, err := w.tasks.join(k, sess, states)
 		prepared() // the task runs (or the claim failed): no longer restoring
-		if errors.Is(err, errOtherTables) || errors.Is(err, table.ErrOwned) {
+		if errors.Is(err, errOtherTables) || errors.Is(err, tablestate.ErrOwned) {
 			// A broken invariant (docs/tables.md, rule 8), not a passing
 			// fault: a session restart would meet it again, in a loop.
 			w.log.Error("claim refused by its task; stopping the worker", "topic", topic, "partition", p, "err", err)

@@ -2,10 +2,10 @@ package app
 
 import (
 	"context"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"time"
 
 	"github.com/runnel-dev/runnel/agent"
-	"github.com/runnel-dev/runnel/table"
 )
 
 // backfillJoins fills the partition of every joined table (table.Join)
@@ -28,7 +28,7 @@ func (pt *partition) backfillJoins(ctx context.Context, acquired []restoreKey) {
 		if tr == nil {
 			continue
 		}
-		b, ok := tr.def.(table.Backfiller)
+		b, ok := tablestate.RuntimeOf(tr.def).(tablestate.Backfiller)
 		if !ok {
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"net"
 	"net/http"
 	"slices"
@@ -20,7 +21,6 @@ import (
 	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/changelog"
 	"github.com/runnel-dev/runnel/internal/task"
-	"github.com/runnel-dev/runnel/table"
 )
 
 // metrics are one worker's Prometheus collectors (a registry per worker, so
@@ -227,7 +227,7 @@ func (m *metrics) presetSeries(w *Worker) {
 	for _, d := range w.app.tables {
 		m.restored.WithLabelValues(d.Name())
 		// A global table's partitions written by this worker's tasks have
-		// write caches too (table.GlobalState), held to the same limit.
+		// write caches too (tablestate.GlobalState), held to the same limit.
 		m.cacheWaits.WithLabelValues(d.Name())
 		m.cacheWaitSeconds.WithLabelValues(d.Name())
 		if !isGlobal(d) { // a global table has no write cache and no claims
@@ -294,7 +294,7 @@ func (m *metrics) agentFailed(topic, agent string, err error) {
 // answer receiver that can count its own success (the agent's events:
 // ackCounter) is told to instead of being wrapped in a countedAck, one
 // allocation per sink record less.
-func (w *Worker) agentEnv(env *table.Env, r agent.Runner) *table.Env {
+func (w *Worker) agentEnv(env *tablestate.Env, r agent.Runner) *tablestate.Env {
 	m, name := w.metrics, r.Name()
 	e := *env
 	send := env.Send
@@ -304,7 +304,7 @@ func (w *Worker) agentEnv(env *table.Env, r agent.Runner) *table.Env {
 	declared := r.Settings().Sinks
 	var counters sync.Map                // destination topic → *sinkCounter of name
 	var last atomic.Pointer[sinkCounter] // the counter of the last destination
-	e.Send = func(topic string, p int32, key, value []byte, ack table.Acker) error {
+	e.Send = func(topic string, p int32, key, value []byte, ack tablestate.Acker) error {
 		c := last.Load()
 		if c == nil || c.topic != topic {
 			v, ok := counters.Load(topic)
@@ -346,11 +346,11 @@ type ackCounter interface {
 // countedAck counts a sink record the broker acknowledged, then passes the
 // answer on.
 type countedAck struct {
-	ack  table.Acker
+	ack  tablestate.Acker
 	sent prometheus.Counter
 }
 
-// Acked implements table.Acker.
+// Acked implements tablestate.Acker.
 func (a *countedAck) Acked(off int64, err error) {
 	if err == nil {
 		a.sent.Inc()

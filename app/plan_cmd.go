@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"io"
 	"maps"
 	"os"
@@ -15,7 +16,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/internal/kafka"
-	"github.com/runnel-dev/runnel/table"
 	"github.com/spf13/cobra"
 )
 
@@ -366,7 +366,7 @@ func (a *App) liveGroupInput() (PlanInput, error) {
 	for _, t := range g.Tables {
 		global := false
 		for _, d := range a.tables {
-			if _, ok := d.(table.GlobalDef); ok && d.Name() == t.Name {
+			if _, ok := tablestate.RuntimeOf(d).(tablestate.Replicated); ok && d.Name() == t.Name {
 				global = true
 			}
 		}

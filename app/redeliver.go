@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"sync"
 	"time"
 
@@ -111,9 +112,9 @@ type partition struct {
 	feed    *group.ClaimFeed
 	retry   Redelivery
 
-	// env is the worker's table.Env with this partition's in-flight counter.
-	env      *table.Env
-	inflight *table.InFlight
+	// env is the worker's tablestate.Env with this partition's in-flight counter.
+	env      *tablestate.Env
+	inflight *tablestate.InFlight
 	// task runs the commit cycles of the tables this partition writes; nil
 	// when it writes none (offsets are then marked as records resolve).
 	task *taskRun
@@ -428,7 +429,7 @@ func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source
 		}
 		w.metrics.agentFailed(pt.topic, r.Name(), err)
 		var ae *agent.Error
-		if errors.Is(err, table.ErrNotOwned) {
+		if errors.Is(err, tablestate.ErrNotOwned) {
 			// A table write that no running task's cycles would cut: a
 			// broken invariant (docs/tables.md, rule 8), never bad input.
 			// Retrying or dead-lettering would let the offset commit

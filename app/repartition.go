@@ -3,19 +3,19 @@ package app
 import (
 	"context"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"slices"
 	"time"
 
 	"github.com/runnel-dev/runnel/internal/kafka"
-	"github.com/runnel-dev/runnel/table"
 	"github.com/runnel-dev/runnel/topology"
 )
 
-// sendAt produces one derived record with timestamp ts (table.Env.SendAt):
+// sendAt produces one derived record with timestamp ts (tablestate.Env.SendAt):
 // records of repartition topics keep the timestamp of the record they were
 // derived from, records a timer sends carry the firing's time. The record goes through the worker's producer like every
 // sink record (so it is bound to its event the same way).
-func (w *Worker) sendAt(topic string, p int32, key, value []byte, ts time.Time, ack table.Acker) error {
+func (w *Worker) sendAt(topic string, p int32, key, value []byte, ts time.Time, ack tablestate.Acker) error {
 	return w.producer.SendRecordAt(topic, p, key, value, ts, ack)
 }
 

@@ -2,6 +2,7 @@ package app
 
 import (
 	"errors"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"io"
 	"log/slog"
 	"maps"
@@ -126,7 +127,7 @@ func statusWorker(t *testing.T) (*Worker, string) {
 		t.Fatal(err)
 	}
 	st := stores.NewMemory()
-	w.tables = append(w.tables, &tableRuntime{def: counts, parts: 3, store: st, state: table.NewState(counts, 3, st, nil)})
+	w.tables = append(w.tables, &tableRuntime{def: counts, parts: 3, store: st, state: tablestate.NewState(counts, 3, st, nil)})
 	return w, counts.Changelog()
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"io"
 	"math"
 	"net/http"
@@ -232,7 +233,7 @@ type tableQuery struct {
 	windows bool
 	// read reads the key from partition p of st (set by serve for a point
 	// read or a windowed lookup); answer answers what it read, or err.
-	read   func(st *table.State, p int32) error
+	read   func(st *tablestate.State, p int32) error
 	answer func(err error)
 }
 
@@ -331,7 +332,7 @@ func (q *tableQuery) serve() {
 			return // answered
 		}
 	} else {
-		qr, ok := def.(table.Queryable)
+		qr, ok := def.(tablestate.Queryable)
 		if !ok {
 			q.refuse(http.StatusBadRequest, ReasonBadRequest, 0, fmt.Sprintf("table %s is windowed: list a key's windows with GET /api/tables/%s/{key}/windows?from=&to=", q.ans.Table, q.ans.Table))
 			return
@@ -344,13 +345,13 @@ func (q *tableQuery) serve() {
 			b     []byte
 			found bool
 		)
-		q.read = func(st *table.State, p int32) (err error) {
+		q.read = func(st *tablestate.State, p int32) (err error) {
 			b, found, err = st.Lookup(p, kb)
 			return err
 		}
 		q.answer = func(err error) { q.value(def, kb, b, found, err) }
 	}
-	if gs := w.GlobalReplica(q.ans.Table); gs != nil {
+	if gs := w.globalReplica(q.ans.Table); gs != nil {
 		q.ans.Global, q.ans.Role = true, RoleGlobal
 		q.ans.Partition = kafka.PartitionFor(kb, gs.Partitions())
 		bounds, err := w.checkPosition(q.ans.Table, gs.Partitions(), qp.position, q.ans.Partition)

@@ -2,6 +2,7 @@ package app
 
 import (
 	"encoding/json"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -26,7 +27,7 @@ func queryWorker(t *testing.T, a assignor.Assignment) (*Worker, *tableRuntime) {
 	w := &Worker{app: ap, cfg: ap.cfg, log: ap.cfg.Logger, assignment: a}
 	for _, d := range []table.Def{counts, ids} {
 		st := stores.NewMemory()
-		w.tables = append(w.tables, &tableRuntime{def: d, parts: 3, store: st, state: table.NewState(d, 3, st, nil)})
+		w.tables = append(w.tables, &tableRuntime{def: d, parts: 3, store: st, state: tablestate.NewState(d, 3, st, nil)})
 	}
 	return w, w.tables[0]
 }

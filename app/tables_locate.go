@@ -3,6 +3,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"net/http"
 	"sort"
 
@@ -92,7 +93,7 @@ func (w *Worker) Locate(name, key string) (Location, error) {
 		return loc, tableErr(http.StatusBadRequest, ReasonBadKey, "locate %s/%s: %w", name, key, err)
 	}
 	loc.Changelog = def.Changelog()
-	if gs := w.GlobalReplica(name); gs != nil {
+	if gs := w.globalReplica(name); gs != nil {
 		loc.Global, loc.Role, loc.Partitions = true, RoleGlobal, gs.Partitions()
 		loc.Partition = keypart.For(kb, loc.Partitions)
 		return loc, nil
@@ -131,12 +132,12 @@ func (w *Worker) Locate(name, key string) (Location, error) {
 
 // queryable returns the declaration of the table named name if it can be
 // read by key; the error is a *TableError.
-func (w *Worker) queryable(name string) (table.Queryable, error) {
+func (w *Worker) queryable(name string) (tablestate.Queryable, error) {
 	for _, d := range w.app.tables {
 		if d.Name() != name {
 			continue
 		}
-		qr, ok := d.(table.Queryable)
+		qr, ok := d.(tablestate.Queryable)
 		if !ok {
 			return nil, tableErr(http.StatusBadRequest, ReasonBadRequest, "table %s is windowed: it is not scanned; list a key's windows with GET /api/tables/%s/{key}/windows", name, name)
 		}
@@ -154,10 +155,10 @@ func (w *Worker) keyEncoder(name string) (table.Def, func(string) ([]byte, error
 		if d.Name() != name {
 			continue
 		}
-		switch x := d.(type) {
-		case table.Queryable:
+		if x, ok := d.(tablestate.Queryable); ok {
 			return d, x.QueryKey, nil
-		case table.WindowQuerier:
+		}
+		if x, ok := tablestate.RuntimeOf(d).(tablestate.WindowQuerier); ok {
 			return d, x.WindowKey, nil
 		}
 		return nil, nil, tableErr(http.StatusBadRequest, ReasonBadRequest, "table %s cannot be read by key over HTTP", name)
@@ -197,12 +198,12 @@ func (w *Worker) Tables() []TableInfo {
 	out := []TableInfo{}
 	for _, d := range w.app.tables {
 		ti := TableInfo{Name: d.Name(), Changelog: d.Changelog(), KeyCodec: d.KeyCodec(), ValueCodec: d.ValueCodec()}
-		_, ti.Windowed = d.(table.WindowQuerier)
+		_, ti.Windowed = tablestate.RuntimeOf(d).(tablestate.WindowQuerier)
 		if _, encode, err := w.keyEncoder(d.Name()); err == nil {
 			kb, err := encode(textKeyProbe)
 			ti.TextKeys = err == nil && string(kb) == textKeyProbe
 		}
-		if gs := w.GlobalReplica(d.Name()); gs != nil {
+		if gs := w.globalReplica(d.Name()); gs != nil {
 			ti.Global, ti.Partitions = true, gs.Partitions()
 		} else if t := w.tableByName(d.Name()); t != nil {
 			ti.Changelog = t.state.Topic()

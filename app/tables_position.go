@@ -221,7 +221,7 @@ func (c *claimProducer) resolvedNext() (int64, *epoch) {
 // activePosition is how far the active partition p of t is against bounds:
 // the store's marks, raised by each claim's resolved watermark when the
 // task's caches are intact (a point read on the active reads the caches
-// over the store, table.State.Lookup).
+// over the store, tablestate.State.Lookup).
 func (w *Worker) activePosition(t *tableRuntime, p int32, bounds []SourcePosition) (positionView, error) {
 	v, err := marksPosition(t.store, p, bounds)
 	if err != nil || v.reached {

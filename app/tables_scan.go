@@ -268,7 +268,7 @@ func (w *Worker) parseScan(r *http.Request, name string) (*scanRequest, *TableEr
 		return nil, &TableError{Status: http.StatusBadRequest, Reason: ReasonBadRequest, Err: err}
 	}
 	sr := &scanRequest{w: w, def: qr, r: r, qp: qp, limit: DefaultScanLimit}
-	if gs := w.GlobalReplica(name); gs != nil {
+	if gs := w.globalReplica(name); gs != nil {
 		// Every partition from the local replica: what its followers
 		// applied.
 		sr.global, sr.n, sr.store = true, gs.Partitions(), w.globalStore(name)

@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"net/http"
 	"strconv"
 	"time"
@@ -46,7 +47,7 @@ func (q *tableQuery) prepareWindows(def table.Def) ([]byte, error) {
 		q.refuse(http.StatusBadRequest, reason, 0, msg)
 		return nil, fmt.Errorf("%s", msg)
 	}
-	wq, ok := def.(table.WindowQuerier)
+	wq, ok := tablestate.RuntimeOf(def).(tablestate.WindowQuerier)
 	if !ok {
 		return fail(ReasonBadRequest, fmt.Sprintf("table %s is not windowed: read the key with GET /api/tables/%s/{key}", q.ans.Table, q.ans.Table))
 	}
@@ -84,10 +85,10 @@ func (q *tableQuery) prepareWindows(def table.Def) ([]byte, error) {
 		return nil, err
 	}
 	var (
-		rows []table.WindowRow
+		rows []tablestate.WindowRow
 		more bool
 	)
-	q.read = func(st *table.State, p int32) (err error) {
+	q.read = func(st *tablestate.State, p int32) (err error) {
 		rows, more, err = wq.QueryWindows(st, p, kb, from, to, limit)
 		return err
 	}
@@ -97,7 +98,7 @@ func (q *tableQuery) prepareWindows(def table.Def) ([]byte, error) {
 			return
 		}
 		for _, r := range rows {
-			q.ans.Windows = append(q.ans.Windows, WindowItem{Start: r.Window.Start, End: r.Window.End, Value: r.Value})
+			q.ans.Windows = append(q.ans.Windows, WindowItem{Start: r.Start, End: r.End, Value: r.Value})
 		}
 		q.ans.Found, q.ans.More = len(rows) > 0, more
 		q.reply(http.StatusOK)

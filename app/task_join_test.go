@@ -2,6 +2,7 @@ package app
 
 import (
 	"errors"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"io"
 	"log/slog"
 	"strings"
@@ -18,7 +19,7 @@ import (
 type namedCutter string
 
 func (n namedCutter) Name() string               { return string(n) }
-func (n namedCutter) Cut(int32) table.Cycle      { return nil }
+func (n namedCutter) Cut(int32) tablestate.Cycle { return nil }
 func (n namedCutter) Drop(int32)                 {}
 func (n namedCutter) CacheSize(int32) (int, int) { return 0, 0 }
 
@@ -33,17 +34,17 @@ func TestTaskJoinRefusesOtherTables(t *testing.T) {
 	w.tasks.w = w
 	k := taskKey{8, 5}
 	a, b := namedCutter("commits-per-actor"), namedCutter("events-per-dir")
-	tr, err := w.tasks.join(k, nil, []table.Cutter{a, b})
+	tr, err := w.tasks.join(k, nil, []tablestate.Cutter{a, b})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := w.tasks.join(k, nil, nil); err == nil || !strings.Contains(err.Error(), "a claim brings tables [], the task runs [commits-per-actor events-per-dir]") {
 		t.Fatalf("a claim without the task's tables joined: err %v", err)
 	}
-	if _, err := w.tasks.join(k, nil, []table.Cutter{a}); err == nil {
+	if _, err := w.tasks.join(k, nil, []tablestate.Cutter{a}); err == nil {
 		t.Fatal("a claim with one of the task's two tables joined")
 	}
-	tr2, err := w.tasks.join(k, nil, []table.Cutter{b, a})
+	tr2, err := w.tasks.join(k, nil, []tablestate.Cutter{b, a})
 	if err != nil || tr2 != tr {
 		t.Fatalf("the same tables in another order: task %p (want %p), err %v", tr2, tr, err)
 	}
@@ -54,29 +55,29 @@ func TestTaskJoinRefusesOtherTables(t *testing.T) {
 
 // TestTaskOwnsItsTables: a task owns the table partitions it cuts from its
 // first claim to its last (takeTable, releaseTable); the worker's tables
-// accept writes only meanwhile (table.State.OwnedWrites).
+// accept writes only meanwhile (tablestate.State.OwnedWrites).
 func TestTaskOwnsItsTables(t *testing.T) {
 	w := &Worker{log: slog.New(slog.NewTextHandler(io.Discard, nil)), txn: &txnCycles{pending: map[*taskRun]struct{}{}}}
 	w.metrics = newMetrics(w)
 	w.tasks.w = w
 	def := table.New(New("task-join"), "counts", codec.String(), codec.DecimalInt64(), table.Partitions(8))
-	st := table.NewState(def, 8, stores.NewMemory(), nil)
+	st := tablestate.NewState(def, 8, stores.NewMemory(), nil)
 	st.OwnedWrites = true
 	if err := st.SetActive(5, true); err != nil {
 		t.Fatal(err)
 	}
 	k := taskKey{8, 5}
-	if _, err := w.tasks.join(k, nil, []table.Cutter{st}); err != nil {
+	if _, err := w.tasks.join(k, nil, []tablestate.Cutter{st}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.tasks.join(k, nil, []table.Cutter{st}); err != nil {
+	if _, err := w.tasks.join(k, nil, []tablestate.Cutter{st}); err != nil {
 		t.Fatalf("the task's second claim: %v", err)
 	}
-	if err := st.Own(5); !errors.Is(err, table.ErrOwned) {
+	if err := st.Own(5); !errors.Is(err, tablestate.ErrOwned) {
 		t.Fatalf("partition 5 while the task runs: Own = %v, want ErrOwned", err)
 	}
 	w.tasks.leave(k)
-	if err := st.Own(5); !errors.Is(err, table.ErrOwned) {
+	if err := st.Own(5); !errors.Is(err, tablestate.ErrOwned) {
 		t.Fatalf("partition 5 while the task has a claim left: Own = %v, want ErrOwned", err)
 	}
 	w.tasks.leave(k)
@@ -94,7 +95,7 @@ func TestTaskOwnsItsTables(t *testing.T) {
 	w.tasks.mu.Unlock()
 	joined := make(chan error, 1)
 	go func() {
-		_, err := w.tasks.join(k, nil, []table.Cutter{st})
+		_, err := w.tasks.join(k, nil, []tablestate.Cutter{st})
 		joined <- err
 	}()
 	select {
@@ -109,7 +110,7 @@ func TestTaskOwnsItsTables(t *testing.T) {
 	if err := <-joined; err != nil {
 		t.Fatalf("join after the previous task closed: %v", err)
 	}
-	if err := st.Own(5); !errors.Is(err, table.ErrOwned) {
+	if err := st.Own(5); !errors.Is(err, tablestate.ErrOwned) {
 		t.Fatalf("partition 5 after the new task joined: Own = %v, want ErrOwned", err)
 	}
 }

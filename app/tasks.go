@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -14,7 +15,6 @@ import (
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/task"
 	"github.com/runnel-dev/runnel/stores"
-	"github.com/runnel-dev/runnel/table"
 )
 
 // taskKey names a task: the partition count of its co-partitioned topics and
@@ -276,7 +276,7 @@ func (ts *taskSet) following(k taskKey, table string, on bool) {
 }
 
 // activator is a table runtime with per-partition activation of its own
-// (table.GlobalState: every worker holds every partition, and writes the
+// (tablestate.GlobalState: every worker holds every partition, and writes the
 // ones its tasks own).
 type activator interface {
 	Activate(p int32) error
@@ -287,7 +287,7 @@ type activator interface {
 var errOtherTables = errors.New("claim and task disagree on the tables")
 
 // owner is a table runtime whose partitions accept writes only while a task
-// owns them (table.State with OwnedWrites).
+// owns them (tablestate.State with OwnedWrites).
 type owner interface {
 	Own(p int32) error
 	Disown(p int32)
@@ -295,11 +295,11 @@ type owner interface {
 
 // takeTable makes a new task the writer of partition p of st: a global
 // table's partition is activated, a table's owned. Invariant (with
-// table.State.OwnedWrites): a table partition accepts writes only while
+// tablestate.State.OwnedWrites): a table partition accepts writes only while
 // exactly one running task cuts it, so no write waits in a cache that no
 // cycle flushes while its record's offset commits. Errors: the activation's,
-// table.ErrOwned.
-func takeTable(st table.Cutter, p int32) error {
+// tablestate.ErrOwned.
+func takeTable(st tablestate.Cutter, p int32) error {
 	switch t := st.(type) {
 	case activator:
 		return t.Activate(p)
@@ -310,7 +310,7 @@ func takeTable(st table.Cutter, p int32) error {
 }
 
 // releaseTable undoes takeTable when the task closes.
-func releaseTable(st table.Cutter, p int32) {
+func releaseTable(st tablestate.Cutter, p int32) {
 	switch t := st.(type) {
 	case activator:
 		t.Deactivate(p)
@@ -322,7 +322,7 @@ func releaseTable(st table.Cutter, p int32) {
 // join returns the task of k for a claim of sess, starting it (and its cycle
 // loop) for the first claim; leave ends the claim's use. Errors: activating
 // a global table's partition (reading its store's marks).
-func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []table.Cutter) (*taskRun, error) {
+func (ts *taskSet) join(k taskKey, sess sarama.ConsumerGroupSession, states []tablestate.Cutter) (*taskRun, error) {
 	ts.mu.Lock()
 	for ts.closing[k] != nil {
 		// The key's previous task is closing: it gives its table
@@ -672,14 +672,14 @@ func (w *Worker) idleCommit() time.Duration {
 
 // sameTables reports whether a and b hold the same tables (by name, in any
 // order).
-func sameTables(a, b []table.Cutter) bool {
+func sameTables(a, b []tablestate.Cutter) bool {
 	x, y := tableNames(a), tableNames(b)
 	slices.Sort(x)
 	slices.Sort(y)
 	return slices.Equal(x, y)
 }
 
-func tableNames(ts []table.Cutter) []string {
+func tableNames(ts []tablestate.Cutter) []string {
 	out := make([]string, len(ts))
 	for i, t := range ts {
 		out[i] = t.Name()

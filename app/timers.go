@@ -2,11 +2,11 @@ package app
 
 import (
 	"context"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"sync"
 	"time"
 
 	"github.com/runnel-dev/runnel/agent"
-	"github.com/runnel-dev/runnel/table"
 	"github.com/runnel-dev/runnel/topology"
 )
 
@@ -38,7 +38,7 @@ func (pt *partition) startTimers(ctx context.Context) (stop func()) {
 	for _, r := range pt.runners {
 		for _, tm := range r.Settings().Timers {
 			if tm.Clock == agent.StreamTime && pt.env.StreamTime == nil {
-				pt.env.StreamTime = table.NewStreamTime()
+				pt.env.StreamTime = tablestate.NewStreamTime()
 			}
 			wg.Add(1)
 			go func() {

@@ -2,8 +2,7 @@ package app
 
 import (
 	"fmt"
-
-	"github.com/runnel-dev/runnel/table"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 )
 
 // Hooks for tables with per-partition runtime state or changelog configs
@@ -14,7 +13,7 @@ import (
 // table (nil for plain tables).
 func (w *Worker) changelogConfig(name string) map[string]string {
 	for _, d := range w.app.tables {
-		if c, ok := d.(table.ChangelogConfigurer); ok && d.Name() == name {
+		if c, ok := d.(tablestate.ChangelogConfigurer); ok && d.Name() == name {
 			return c.ChangelogConfig()
 		}
 	}
@@ -24,7 +23,7 @@ func (w *Worker) changelogConfig(name string) map[string]string {
 // activatePartition lets the table rebuild its runtime of partition p from
 // the restored store, before the partition becomes writable.
 func (w *Worker) activatePartition(t *tableRuntime, p int32) error {
-	a, ok := t.def.(table.PartitionActivator)
+	a, ok := tablestate.RuntimeOf(t.def).(tablestate.PartitionActivator)
 	if !ok {
 		return nil
 	}
@@ -37,7 +36,7 @@ func (w *Worker) activatePartition(t *tableRuntime, p int32) error {
 // deactivatePartition drops the table's runtime of partition p once it is no
 // longer active on this worker.
 func (w *Worker) deactivatePartition(t *tableRuntime, p int32) {
-	if a, ok := t.def.(table.PartitionActivator); ok {
+	if a, ok := tablestate.RuntimeOf(t.def).(tablestate.PartitionActivator); ok {
 		a.DeactivatePartition(t.state, p)
 	}
 }

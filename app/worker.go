@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -57,7 +58,7 @@ type Worker struct {
 	strategy *assignor.Strategy
 	mgr      *source.Manager
 	tables   []*tableRuntime
-	env      *table.Env
+	env      *tablestate.Env
 	metrics  *metrics
 
 	parts *tableParts // table partition lifecycles (restores, standby followers)
@@ -96,7 +97,7 @@ type tableRuntime struct {
 	def   table.Def
 	parts int32
 	store stores.Store
-	state *table.State
+	state *tablestate.State
 }
 
 // NewWorker prepares a worker of a; Run starts it.
@@ -406,10 +407,10 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		go func() { defer close(loopDone); w.txn.loop(lctx) }()
 		closers = append(closers, func() error { stopLoop(); <-loopDone; return nil })
 	}
-	send := func(topic string, p int32, key, value []byte, ack table.Acker) error {
+	send := func(topic string, p int32, key, value []byte, ack tablestate.Acker) error {
 		return w.producer.SendRecord(topic, p, key, value, ack)
 	}
-	sendChangelog := func(topic string, p int32, key, value []byte, hs []table.Header, done func(int64, error)) error {
+	sendChangelog := func(topic string, p int32, key, value []byte, hs []tablestate.Header, done func(int64, error)) error {
 		m := &sarama.ProducerMessage{Topic: topic, Partition: p, Key: bytesOrNil(key), Value: bytesOrNil(value)}
 		for _, h := range hs {
 			m.Headers = append(m.Headers, sarama.RecordHeader{Key: h.Key, Value: h.Value})
@@ -481,7 +482,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 			return fmt.Errorf("open store of table %s: %w", tt.Name, err)
 		}
 		closers = append(closers, st.Close)
-		state := table.NewState(def, tt.Partitions, st, sendChangelog)
+		state := tablestate.NewState(def, tt.Partitions, st, sendChangelog)
 		state.OwnedWrites = true // a write no task cuts fails (tasks.go, takeTable)
 		rt := &tableRuntime{def: def, parts: tt.Partitions, store: st, state: state}
 		nparts := tt.Partitions
@@ -491,7 +492,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	}
 	w.parts = newTableParts(w, ctx)
 	closers = append(closers, func() error { w.parts.stop(); return nil })
-	w.env = &table.Env{States: map[string]*table.State{}, Send: send}
+	w.env = &tablestate.Env{States: map[string]*tablestate.State{}, Send: send}
 	w.env.SendAt = w.sendAt // repartition.go
 	for _, t := range w.tables {
 		w.env.States[t.def.Name()] = t.state

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"log/slog"
 	"strings"
 	"sync"
@@ -200,7 +201,7 @@ func (p *part) result() PartitionResult {
 	return r
 }
 
-// gate is the table.ReplayGate of one partition.
+// gate is the tablestate.ReplayGate of one partition.
 type gate struct {
 	effect                              string
 	calls, applied, dups, errs, skipped atomic.Int64
@@ -440,9 +441,9 @@ loop:
 
 // replayEnv is the runtime the agent sees on partition p: scratch table
 // states, a sink that drops (and counts) every record, and the gate.
-func replayEnv(p *part, target Target, partitions int32) (*table.Env, error) {
-	env := &table.Env{States: map[string]*table.State{}, InFlight: &table.InFlight{}, Replay: p.gate}
-	env.Send = func(_ string, _ int32, _, _ []byte, ack table.Acker) error {
+func replayEnv(p *part, target Target, partitions int32) (*tablestate.Env, error) {
+	env := &tablestate.Env{States: map[string]*tablestate.State{}, InFlight: &tablestate.InFlight{}, Replay: p.gate}
+	env.Send = func(_ string, _ int32, _, _ []byte, ack tablestate.Acker) error {
 		p.suppressed.Add(1)
 		ack.Acked(-1, nil)
 		return nil
@@ -452,11 +453,11 @@ func replayEnv(p *part, target Target, partitions int32) (*table.Env, error) {
 		if n <= 0 {
 			n = partitions
 		}
-		st := table.NewState(d, n, stores.NewMemory(), nil)
+		st := tablestate.NewState(d, n, stores.NewMemory(), nil)
 		if err := st.SetActive(p.pp.Partition, true); err != nil {
 			return nil, fmt.Errorf("replay: scratch table %s: %w", d.Name(), err)
 		}
-		if a, ok := d.(table.PartitionActivator); ok {
+		if a, ok := tablestate.RuntimeOf(d).(tablestate.PartitionActivator); ok {
 			if err := a.ActivatePartition(st, p.pp.Partition); err != nil {
 				return nil, fmt.Errorf("replay: scratch table %s: %w", d.Name(), err)
 			}

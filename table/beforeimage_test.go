@@ -2,6 +2,7 @@ package table_test
 
 import (
 	"context"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"sync/atomic"
 	"testing"
 
@@ -25,7 +26,7 @@ func (s *countingStore) Get(p int32, key []byte) ([]byte, bool, error) {
 // stampLog records each changelog record's key, value and before-image.
 type stampLog struct{ recs map[string]string }
 
-func (l *stampLog) send(_ string, _ int32, key, value []byte, hs []table.Header, done func(int64, error)) error {
+func (l *stampLog) send(_ string, _ int32, key, value []byte, hs []tablestate.Header, done func(int64, error)) error {
 	before := "?"
 	for _, h := range hs {
 		if string(h.Key) == changelog.HeaderStamp {
@@ -47,7 +48,7 @@ func (l *stampLog) send(_ string, _ int32, key, value []byte, hs []table.Header,
 }
 
 // cycle cuts, flushes, applies and drops partition p's cycle.
-func cycle(t *testing.T, s *table.State, p int32) {
+func cycle(t *testing.T, s *tablestate.State, p int32) {
 	t.Helper()
 	f := s.Cut(p)
 	if f == nil {
@@ -75,12 +76,12 @@ func TestBeforeImageReadOnce(t *testing.T) {
 	counts := table.New(h, "counts", codec.String(), codec.DecimalInt64(), table.Partitions(nparts))
 	st := &countingStore{Store: stores.NewMemory()}
 	log := &stampLog{recs: map[string]string{}}
-	s := table.NewState(counts, nparts, st, log.send)
+	s := tablestate.NewState(counts, nparts, st, log.send)
 	const p = 1
 	if err := s.SetActive(p, true); err != nil {
 		t.Fatal(err)
 	}
-	ev := newEvent(&event{p: p, env: &table.Env{States: map[string]*table.State{"counts": s}}})
+	ev := newEvent(&event{p: p, env: &tablestate.Env{States: map[string]*tablestate.State{"counts": s}}})
 	k, k2 := keyOf(p, 0), keyOf(p, 1)
 	inc := func(key string) {
 		t.Helper()

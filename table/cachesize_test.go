@@ -1,6 +1,7 @@
 package table_test
 
 import (
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"testing"
 
 	"github.com/runnel-dev/runnel/codec"
@@ -18,8 +19,8 @@ import (
 func TestCacheSize(t *testing.T) {
 	h := &host{}
 	counts := table.New(h, "counts", codec.String(), codec.String(), table.Partitions(nparts))
-	s := table.NewState(counts, nparts, stores.NewMemory(), (&producer{}).send)
-	env := &table.Env{States: map[string]*table.State{"counts": s}}
+	s := tablestate.NewState(counts, nparts, stores.NewMemory(), (&producer{}).send)
+	env := &tablestate.Env{States: map[string]*tablestate.State{"counts": s}}
 	const p = 2
 	ev := newEvent(&event{p: p, env: env})
 	want := func(what string, entries, bytes int) {
@@ -62,12 +63,12 @@ func TestCacheSize(t *testing.T) {
 
 	// A global table's replica measures its caches the same way.
 	g := table.NewGlobal(h, "g", codec.String(), codec.String(), table.Partitions(nparts))
-	gs, err := table.NewGlobalState(g, nparts, stores.NewMemory(), (&producer{}).send)
+	gs, err := tablestate.NewGlobalState(g, nparts, stores.NewMemory(), (&producer{}).send)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer g.AttachReplica(gs)()
-	gev := newEvent(&event{p: p, env: &table.Env{Globals: map[string]*table.GlobalState{"g": gs}}})
+	defer tablestate.RuntimeOf(g).(tablestate.Replicated).AttachReplica(gs)()
+	gev := newEvent(&event{p: p, env: &tablestate.Env{Globals: map[string]*tablestate.GlobalState{"g": gs}}})
 	if e, b := gs.CacheSize(p); e != 0 || b != 0 {
 		t.Fatalf("global, inactive: %d entries, %d bytes", e, b)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"sync"
 	"testing"
 	"time"
@@ -25,22 +26,23 @@ func (h *host) RegisterTable(d table.Def) { h.defs = append(h.defs, d) }
 type event struct {
 	evHandle
 	p    int32
-	env  *table.Env
+	env  *tablestate.Env
 	mu   sync.Mutex
 	outs []error
 }
 
 // evHandle links the event to its runtime as a worker's events are linked.
-type evHandle = evbind.Handle[*table.Env]
+type evHandle = evbind.Handle[*tablestate.Env]
 
 // newEvent links e to its runtime (e.env) and returns it.
 func newEvent(e *event) *event {
-	e.evHandle = evbind.New[*table.Env](e)
+	e.evHandle = evbind.New[*tablestate.Env](e)
 	return e
 }
 
-func (e *event) Partition() int32 { return e.p }
-func (e *event) Env() *table.Env  { return e.env }
+func (e *event) Partition() int32     { return e.p }
+func (e *event) Env() *tablestate.Env { return e.env }
+func (e *event) EventTime() time.Time { return time.Time{} }
 func (e *event) BindPersist() (func(error), bool) {
 	return func(err error) { e.mu.Lock(); e.outs = append(e.outs, err); e.mu.Unlock() }, true
 }
@@ -52,7 +54,7 @@ type producer struct {
 	sent []func(int64, error)
 }
 
-func (pr *producer) send(_ string, _ int32, _, _ []byte, _ []table.Header, done func(int64, error)) error {
+func (pr *producer) send(_ string, _ int32, _, _ []byte, _ []tablestate.Header, done func(int64, error)) error {
 	pr.mu.Lock()
 	pr.sent = append(pr.sent, done)
 	pr.mu.Unlock()
@@ -83,12 +85,12 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 	g := table.NewGlobal(h, "g", codec.String(), codec.DecimalInt64(), table.Partitions(nparts))
 	st := stores.NewMemory()
 	pr := &producer{}
-	gs, err := table.NewGlobalState(g, nparts, st, pr.send)
+	gs, err := tablestate.NewGlobalState(g, nparts, st, pr.send)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer g.AttachReplica(gs)()
-	env := &table.Env{Globals: map[string]*table.GlobalState{"g": gs}}
+	defer tablestate.RuntimeOf(g).(tablestate.Replicated).AttachReplica(gs)()
+	env := &tablestate.Env{Globals: map[string]*tablestate.GlobalState{"g": gs}}
 	ev := newEvent(&event{p: 1, env: env})
 	k := keyOf(1, 0)
 	if err := g.Set(ev, k, 1); !errors.Is(err, table.ErrNotActive) {
@@ -118,7 +120,7 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 		}
 	}
 	// cycle cuts partition 1 and sends it; ack answers record i.
-	cycle := func() table.Cycle {
+	cycle := func() tablestate.Cycle {
 		t.Helper()
 		c := gs.Cut(1)
 		if c == nil {
@@ -129,7 +131,7 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 		}
 		return c
 	}
-	finish := func(c table.Cycle) {
+	finish := func(c tablestate.Cycle) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -3,6 +3,7 @@ package table
 import (
 	"bytes"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"log/slog"
 
 	"github.com/runnel-dev/runnel/codec"
@@ -27,7 +28,7 @@ func (t *Table[K, V]) Lookup(ev Event, key K) (V, bool, error) {
 	if err != nil {
 		return zero, false, err
 	}
-	if q := kafka.PartitionFor(kb, s.partitions); q != ev.Partition() {
+	if q := kafka.PartitionFor(kb, s.Partitions()); q != ev.Partition() {
 		return zero, false, fmt.Errorf("table %s: lookup of key %q from partition %d: the key belongs to partition %d: %w",
 			t.name, kb, ev.Partition(), q, ErrNotCoPartitioned)
 	}
@@ -81,10 +82,15 @@ type Joined[K any, VO any] struct {
 	*Table[K, VO]
 	kind        JoinKind
 	left, right string
-	backfill    func(ev Event) (int, error) // see Backfill
+	backfill    func(ev Event) (int, error) // see joinRuntime.Backfill
+	link                                    // the runtime side (joinRuntime), no part of the API
 }
 
-// Backfill makes the event's partition of the joined table equal to the
+// joinRuntime is a Joined's runtime side (tablestate.RuntimeOf): the worker
+// backfills it (tablestate.Backfiller).
+type joinRuntime[K any, VO any] struct{ j *Joined[K, VO] }
+
+// Backfill implements tablestate.Backfiller: it makes the event's partition of the joined table equal to the
 // join of the two tables' partitions: every key either table holds (or the
 // joined table holds) is recomputed, and written (a value or a tombstone)
 // only when the joined table's value differs. It returns how many keys it
@@ -97,25 +103,11 @@ type Joined[K any, VO any] struct {
 // one scan of the three tables' partitions (its keys held in memory).
 // Errors: the tables' (not running, a store error, a value that does not
 // decode or encode).
-func (j *Joined[K, VO]) Backfill(ev Event) (int, error) { return j.backfill(ev) }
-
-// Backfiller is implemented by joined tables (Join): the worker fills a
-// task's partition of them when the task starts (Joined.Backfill).
-type Backfiller interface {
-	Def
-	Backfill(ev Event) (written int, err error)
-}
+func (r joinRuntime[K, VO]) Backfill(ev tablestate.Event) (int, error) { return r.j.backfill(ev) }
 
 // JoinOf names the joined tables and the kind of join (for describe).
 func (j *Joined[K, VO]) JoinOf() (kind string, left, right string) {
 	return j.kind.String(), j.left, j.right
-}
-
-// JoinDef is implemented by joined tables (Join): the App checks that the
-// three tables are co-partitioned.
-type JoinDef interface {
-	Def
-	JoinOf() (kind string, left, right string)
 }
 
 // Join declares the table name that holds, for every key, joiner(left's
@@ -132,7 +124,7 @@ type JoinDef interface {
 // App checks it at build); the joined table takes left's partition option.
 // The joined table is written only by the join. Keys the tables held
 // before the join was declared (or before the joined table's state was
-// lost) are filled in when each partition's task starts (Joined.Backfill).
+// lost) are filled in when each partition's task starts (the worker backfills it).
 // The joiner must not use the tables.
 func Join[K any, VL any, VR any, VO any](h Host, name string, kind JoinKind, left *Table[K, VL], right *Table[K, VR],
 	vc codec.Codec[VO], joiner Joiner[VL, VR, VO], opts ...Option) *Joined[K, VO] {
@@ -141,6 +133,7 @@ func Join[K any, VL any, VR any, VO any](h Host, name string, kind JoinKind, lef
 	}
 	j := &Joined[K, VO]{Table: &Table[K, VO]{declared: declare(h, name, left.kc, vc, opts)}, kind: kind,
 		left: left.name, right: right.name}
+	j.link = tablestate.NewLink(joinRuntime[K, VO]{j})
 	h.RegisterTable(j)
 	// recompute sets key's joined value from both sides; onlyChanged
 	// (the backfill) leaves a value that would not change unwritten and
@@ -153,7 +146,7 @@ func Join[K any, VL any, VR any, VO any](h Host, name string, kind JoinKind, lef
 		// The join of one key is one step for the partition: of two
 		// concurrent writes to left and right, the later recompute reads
 		// both new values.
-		defer out.rmw.lock(ev.Partition())()
+		defer out.LockRMW(ev.Partition())()
 		var l Side[VL]
 		var r Side[VR]
 		if l.Value, l.OK, err = left.Get(ev, key); err != nil {

@@ -2,6 +2,7 @@ package table_test
 
 import (
 	"errors"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"slices"
 	"testing"
 
@@ -18,9 +19,9 @@ import (
 func TestOwnedWrites(t *testing.T) {
 	h := &host{}
 	counts := table.New(h, "counts", codec.String(), codec.DecimalInt64(), table.Partitions(nparts))
-	s := table.NewState(counts, nparts, stores.NewMemory(), (&producer{}).send)
+	s := tablestate.NewState(counts, nparts, stores.NewMemory(), (&producer{}).send)
 	s.OwnedWrites = true
-	env := &table.Env{States: map[string]*table.State{"counts": s}}
+	env := &tablestate.Env{States: map[string]*tablestate.State{"counts": s}}
 	const p = 1
 	ev := newEvent(&event{p: p, env: env})
 	inc := func() error {
@@ -33,13 +34,13 @@ func TestOwnedWrites(t *testing.T) {
 	if err := s.SetActive(p, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := inc(); !errors.Is(err, table.ErrNotOwned) || !errors.Is(err, table.ErrNotActive) {
+	if err := inc(); !errors.Is(err, tablestate.ErrNotOwned) || !errors.Is(err, table.ErrNotActive) {
 		t.Fatalf("write to an active partition no task owns: %v, want ErrNotOwned (an ErrNotActive)", err)
 	}
 	if err := s.Own(p); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Own(p); !errors.Is(err, table.ErrOwned) {
+	if err := s.Own(p); !errors.Is(err, tablestate.ErrOwned) {
 		t.Fatalf("a second owner: %v, want ErrOwned", err)
 	}
 	if err := inc(); err != nil {
@@ -59,7 +60,7 @@ func TestOwnedWrites(t *testing.T) {
 		t.Fatalf("the owner's cycle cuts %v, want 1 record", c)
 	}
 	s.Disown(p)
-	if err := inc(); !errors.Is(err, table.ErrNotOwned) {
+	if err := inc(); !errors.Is(err, tablestate.ErrNotOwned) {
 		t.Fatalf("write after the owner left: %v, want ErrNotActive", err)
 	}
 	// Without OwnedWrites (replay's scratch tables), an active partition is
@@ -78,19 +79,19 @@ func TestOwnedWrites(t *testing.T) {
 func TestWriteFromOtherPartitionCount(t *testing.T) {
 	h := &host{}
 	counts := table.New(h, "counts", codec.String(), codec.DecimalInt64(), table.Partitions(nparts))
-	s := table.NewState(counts, nparts, stores.NewMemory(), (&producer{}).send)
+	s := tablestate.NewState(counts, nparts, stores.NewMemory(), (&producer{}).send)
 	const p = 1
 	if err := s.SetActive(p, true); err != nil {
 		t.Fatal(err)
 	}
 	key := keyOf(p, 0)
 	for _, n := range []int32{0, nparts} {
-		ev := newEvent(&event{p: p, env: &table.Env{States: map[string]*table.State{"counts": s}, Partitions: n}})
+		ev := newEvent(&event{p: p, env: &tablestate.Env{States: map[string]*tablestate.State{"counts": s}, Partitions: n}})
 		if _, err := counts.Update(ev, key, func(v int64) int64 { return v + 1 }); err != nil {
 			t.Fatalf("source with %d partitions (0: unchecked): %v", n, err)
 		}
 	}
-	ev := newEvent(&event{p: p, env: &table.Env{States: map[string]*table.State{"counts": s}, Partitions: 2 * nparts}})
+	ev := newEvent(&event{p: p, env: &tablestate.Env{States: map[string]*tablestate.State{"counts": s}, Partitions: 2 * nparts}})
 	if _, err := counts.Update(ev, key, func(v int64) int64 { return v + 1 }); !errors.Is(err, table.ErrNotCoPartitioned) {
 		t.Fatalf("source with %d partitions writing a %d-partition table: %v, want ErrNotCoPartitioned", 2*nparts, nparts, err)
 	}
@@ -102,12 +103,12 @@ func TestWriteFromOtherPartitionCount(t *testing.T) {
 func TestComputeWrites(t *testing.T) {
 	h := &host{}
 	counts := table.New(h, "counts", codec.String(), codec.DecimalInt64(), table.Partitions(nparts))
-	s := table.NewState(counts, nparts, stores.NewMemory(), (&producer{}).send)
+	s := tablestate.NewState(counts, nparts, stores.NewMemory(), (&producer{}).send)
 	const p = 1
 	if err := s.SetActive(p, true); err != nil {
 		t.Fatal(err)
 	}
-	ev := newEvent(&event{p: p, env: &table.Env{States: map[string]*table.State{"counts": s}}})
+	ev := newEvent(&event{p: p, env: &tablestate.Env{States: map[string]*tablestate.State{"counts": s}}})
 	k, absent := keyOf(p, 0), keyOf(p, 1)
 	var seen []bool
 	compute := func(key string, keep bool) (int64, bool) {

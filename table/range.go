@@ -17,8 +17,12 @@ func (t *Table[K, V]) Range(ev Event, fn func(key K, value V) bool) error {
 		return err
 	}
 	p := ev.Partition()
-	unapplied := map[string]cacheItem{}
-	s.eachUnapplied(p, func(k string, v []byte, deleted bool) { unapplied[k] = cacheItem{value: v, deleted: deleted} })
+	type unappliedWrite struct {
+		value   []byte
+		deleted bool
+	}
+	unapplied := map[string]unappliedWrite{}
+	s.EachUnapplied(p, func(k string, v []byte, deleted bool) { unapplied[k] = unappliedWrite{value: v, deleted: deleted} })
 	stop := errors.New("stop")
 	visit := func(kb, vb []byte) error {
 		k, err := t.kc.Decode(kb)
@@ -34,7 +38,7 @@ func (t *Table[K, V]) Range(ev Event, fn func(key K, value V) bool) error {
 		}
 		return nil
 	}
-	err = s.store.Iterate(p, func(kb, vb []byte) error {
+	err = s.Store().Iterate(p, func(kb, vb []byte) error {
 		if _, ok := unapplied[string(kb)]; ok {
 			return nil
 		}

@@ -3,6 +3,7 @@ package table
 import (
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -163,7 +164,7 @@ func Grace(d time.Duration) WindowOption { return func(o *windowOptions) { o.gra
 func Retention(d time.Duration) WindowOption { return func(o *windowOptions) { o.retention = d } }
 
 // EventTime sets how a record's event time is found; default: the source
-// record's timestamp (Originator). A function returning an error fails the
+// record's timestamp (a timer's Tick: its Time). A function returning an error fails the
 // write. UpdateAt takes the event time explicitly instead.
 func EventTime(fn func(ev Event) (time.Time, error)) WindowOption {
 	return func(o *windowOptions) { o.eventTime = fn }
@@ -236,6 +237,7 @@ var ErrNoEventTime = errors.New("event has no event time")
 // acknowledgement of its watermark closes the window again on redelivery
 // (at-least-once, like every effect in Runnel; see docs/tables.md).
 type Windowed[K any, V any] struct {
+	link        // the runtime side (windowedRuntime), no part of the API
 	name, topic string
 	kc          codec.Codec[K]
 	vc          codec.Codec[V]
@@ -255,7 +257,7 @@ type Windowed[K any, V any] struct {
 }
 
 type partKey struct {
-	st *State
+	st *tablestate.State
 	p  int32
 }
 
@@ -269,6 +271,7 @@ func NewWindowed[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.
 	}
 	t := &Windowed[K, V]{name: name, topic: changelog.Topic(h.AppID(), name), kc: kc, vc: vc, ws: ws,
 		partitions: o.partitions, parts: map[partKey]*windowPart{}, eventTime: o.eventTime}
+	t.link = tablestate.NewLink(windowedRuntime[K, V]{t})
 	var errs []error
 	if err := ws.validate(); err != nil {
 		errs = append(errs, err)
@@ -306,10 +309,8 @@ func NewWindowed[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.
 }
 
 func recordTime(ev Event) (time.Time, error) {
-	if o, ok := ev.(Originator); ok {
-		if ts := o.Origin().Timestamp; !ts.IsZero() {
-			return ts, nil
-		}
+	if ts := tablestate.EventTime(ev); !ts.IsZero() {
+		return ts, nil
 	}
 	return time.Time{}, ErrNoEventTime
 }
@@ -338,7 +339,7 @@ func (t *Windowed[K, V]) WindowSpec() string {
 	return fmt.Sprintf("%s, grace %s, retention %s", t.ws, time.Duration(t.grace)*time.Millisecond, time.Duration(t.retention)*time.Millisecond)
 }
 
-// ChangelogConfig implements ChangelogConfigurer: compact,delete with
+// ChangelogConfig is the windowed table's changelog topic configuration: compact,delete with
 // retention.ms = retention + 1 day.
 func (t *Windowed[K, V]) ChangelogConfig() map[string]string {
 	return map[string]string{
@@ -390,24 +391,35 @@ func (t *Windowed[K, V]) Format(key, value []byte) (string, any, error) {
 	return fmt.Sprintf("%v@%s", k, time.UnixMilli(start).UTC().Format(time.RFC3339Nano)), v, nil
 }
 
-// ChangelogConfigurer is implemented by table definitions whose changelog
-// topic needs configs beyond changelog.Spec's (windowed tables: compact,delete
-// with a retention); the worker passes them when it creates the topic.
-type ChangelogConfigurer interface {
-	ChangelogConfig() map[string]string
+// windowedRuntime is a Windowed's runtime side (tablestate.RuntimeOf): the
+// worker activates its partitions (tablestate.PartitionActivator: stream
+// time and the expiry index live beside the store) and lists a key's
+// windows for interactive queries (tablestate.WindowQuerier).
+type windowedRuntime[K any, V any] struct{ t *Windowed[K, V] }
+
+// ActivatePartition implements tablestate.PartitionActivator: called after
+// partition p's restore and before any write to it.
+func (r windowedRuntime[K, V]) ActivatePartition(st *tablestate.State, p int32) error {
+	return r.t.activatePartition(st, p)
 }
 
-// PartitionActivator is implemented by table definitions that keep
-// per-partition runtime state beside the store (windowed tables: stream time
-// and the expiry index). The worker calls ActivatePartition after the
-// partition's restore and before any write to it, and DeactivatePartition
-// when it stops being active on the worker.
-type PartitionActivator interface {
-	ActivatePartition(st *State, p int32) error
-	DeactivatePartition(st *State, p int32)
+// DeactivatePartition implements tablestate.PartitionActivator: called when
+// p stops being active on the worker.
+func (r windowedRuntime[K, V]) DeactivatePartition(st *tablestate.State, p int32) {
+	r.t.deactivatePartition(st, p)
 }
 
-func (t *Windowed[K, V]) state(ev Event) (*State, error) {
+// WindowKey implements tablestate.WindowQuerier.
+func (r windowedRuntime[K, V]) WindowKey(s string) ([]byte, error) {
+	return queryKey(r.t.name, r.t.kc, s)
+}
+
+// QueryWindows implements tablestate.WindowQuerier.
+func (r windowedRuntime[K, V]) QueryWindows(st *tablestate.State, p int32, key []byte, from, to time.Time, limit int) ([]tablestate.WindowRow, bool, error) {
+	return r.t.queryWindows(st, p, key, from, to, limit)
+}
+
+func (t *Windowed[K, V]) state(ev Event) (*tablestate.State, error) {
 	if t.err != nil {
 		return nil, t.err
 	}
@@ -541,9 +553,9 @@ func (t *Windowed[K, V]) At(ev Event, key K, at time.Time) (V, Window, bool, err
 	return v, w, ok, err
 }
 
-func (t *Windowed[K, V]) read(s *State, p int32, kb []byte, start int64) (V, bool, error) {
+func (t *Windowed[K, V]) read(s *tablestate.State, p int32, kb []byte, start int64) (V, bool, error) {
 	var zero V
-	b, ok, err := s.get(p, windowKey(kb, start))
+	b, ok, err := s.Get(p, windowKey(kb, start))
 	if err != nil || !ok {
 		return zero, false, err
 	}

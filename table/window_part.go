@@ -3,6 +3,7 @@ package table
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"math"
 	"slices"
 	"sync"
@@ -151,10 +152,10 @@ type closedWindow struct {
 	value []byte
 }
 
-// ActivatePartition implements PartitionActivator: it rebuilds partition p's
+// activatePartition rebuilds partition p's
 // stream time and expiry index from the store (Faust never did, rh#44 and
 // fs#385: recovered windows never expired).
-func (t *Windowed[K, V]) ActivatePartition(st *State, p int32) error {
+func (t *Windowed[K, V]) activatePartition(st *tablestate.State, p int32) error {
 	if t.err != nil {
 		return t.err
 	}
@@ -168,14 +169,14 @@ func (t *Windowed[K, V]) ActivatePartition(st *State, p int32) error {
 	return nil
 }
 
-// DeactivatePartition implements PartitionActivator.
-func (t *Windowed[K, V]) DeactivatePartition(st *State, p int32) {
+// deactivatePartition drops partition p's stream time and expiry index.
+func (t *Windowed[K, V]) deactivatePartition(st *tablestate.State, p int32) {
 	t.mu.Lock()
 	delete(t.parts, partKey{st, p})
 	t.mu.Unlock()
 }
 
-func (t *Windowed[K, V]) part(s *State, p int32) (*windowPart, error) {
+func (t *Windowed[K, V]) part(s *tablestate.State, p int32) (*windowPart, error) {
 	t.mu.Lock()
 	wp := t.parts[partKey{s, p}]
 	t.mu.Unlock()
@@ -187,15 +188,15 @@ func (t *Windowed[K, V]) part(s *State, p int32) (*windowPart, error) {
 
 // rebuild reads partition p (store, then the worker's unacknowledged writes
 // over it) into wp; mu must be held or wp unpublished.
-func (wp *windowPart) rebuild(w windowParams, s *State, p int32) error {
+func (wp *windowPart) rebuild(w windowParams, s *tablestate.State, p int32) error {
 	rows := map[string][]byte{}
-	if err := s.store.Iterate(p, func(k, v []byte) error {
+	if err := s.Store().Iterate(p, func(k, v []byte) error {
 		rows[string(k)] = v
 		return nil
 	}); err != nil {
 		return fmt.Errorf("table %s[%d]: rebuild window index: %w", w.name, p, err)
 	}
-	s.eachUnapplied(p, func(k string, value []byte, deleted bool) {
+	s.EachUnapplied(p, func(k string, value []byte, deleted bool) {
 		if deleted {
 			delete(rows, k)
 		} else {
@@ -249,12 +250,12 @@ func (t *Windowed[K, V]) spec() windowParams {
 // advances stream time, applies fn to every window containing at that is not
 // closed, then closes and deletes what stream time passed. It returns the
 // windows updated and the windows closed (OnClose runs outside the lock).
-func (wp *windowPart) update(w windowParams, s *State, ev Event, kb []byte, at int64,
+func (wp *windowPart) update(w windowParams, s *tablestate.State, ev Event, kb []byte, at int64,
 	fn func(old []byte, found bool) ([]byte, error)) (_ int, _ []closedWindow, err error) {
 	p := ev.Partition()
 	// The watermark and tombstones are routed by kb too: check it here even
 	// when every window turns out late and nothing else is written.
-	if q := kafka.PartitionFor(kb, s.partitions); q != p {
+	if q := kafka.PartitionFor(kb, s.Partitions()); q != p {
 		return 0, nil, fmt.Errorf("table %s: write of key %q from partition %d: the key belongs to partition %d: %w", w.name, kb, p, q, ErrNotCoPartitioned)
 	}
 	wp.mu.Lock()
@@ -283,7 +284,7 @@ func (wp *windowPart) update(w windowParams, s *State, ev Event, kb []byte, at i
 			continue
 		}
 		key := windowKey(kb, start)
-		old, found, err := s.get(p, key)
+		old, found, err := s.Get(p, key)
 		var vb []byte
 		if err == nil && found {
 			_, vb, err = decodeRow(old)
@@ -295,7 +296,7 @@ func (wp *windowPart) update(w windowParams, s *State, ev Event, kb []byte, at i
 		if ferr != nil {
 			return n, nil, ferr
 		}
-		if err := s.writeRouted(wev, kb, key, encodeRow(wp.st, nb), false); err != nil {
+		if err := s.WriteRouted(wev, kb, key, encodeRow(wp.st, nb), false); err != nil {
 			return n, nil, err
 		}
 		wp.open.add(start, string(kb))
@@ -313,7 +314,7 @@ func (wp *windowPart) update(w windowParams, s *State, ev Event, kb []byte, at i
 // stream time; if it did either, it writes the watermark (stream time) bound
 // to the event. route is a key of partition p (the co-partitioning check of
 // the watermark write).
-func (wp *windowPart) expire(w windowParams, s *State, wev Event, p int32, route []byte) ([]closedWindow, error) {
+func (wp *windowPart) expire(w windowParams, s *tablestate.State, wev Event, p int32, route []byte) ([]closedWindow, error) {
 	if wp.st == none || wp.st <= wp.closedUpTo {
 		return nil, nil
 	}
@@ -321,7 +322,7 @@ func (wp *windowPart) expire(w windowParams, s *State, wev Event, p int32, route
 	wrote := false
 	for _, x := range wp.open.popThrough(wp.st - w.size - w.grace) {
 		for _, k := range x.keys {
-			b, ok, err := s.get(p, windowKey([]byte(k), x.start))
+			b, ok, err := s.Get(p, windowKey([]byte(k), x.start))
 			if err != nil {
 				return closes, fmt.Errorf("table %s[%d]: read closing window: %w", w.name, p, err)
 			}
@@ -338,7 +339,7 @@ func (wp *windowPart) expire(w windowParams, s *State, wev Event, p int32, route
 	}
 	for _, x := range wp.retained.popThrough(wp.st - w.retention) {
 		for _, k := range x.keys {
-			if err := s.writeRouted(wev, []byte(k), windowKey([]byte(k), x.start), nil, true); err != nil {
+			if err := s.WriteRouted(wev, []byte(k), windowKey([]byte(k), x.start), nil, true); err != nil {
 				return closes, err
 			}
 			w.expiredCount.Add(1)
@@ -347,7 +348,7 @@ func (wp *windowPart) expire(w windowParams, s *State, wev Event, p int32, route
 	}
 	wp.closedUpTo = wp.st
 	if wrote {
-		if err := s.writeRouted(wev, route, metaKey(p), encodeMeta(wp.st), false); err != nil {
+		if err := s.WriteRouted(wev, route, metaKey(p), encodeMeta(wp.st), false); err != nil {
 			return closes, err
 		}
 	}

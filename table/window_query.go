@@ -4,47 +4,19 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"slices"
 	"time"
 
 	"github.com/runnel-dev/runnel/stores"
 )
 
-// WindowQuerier is a windowed table whose windows of a key can be listed
-// without an event (GET /api/tables/{table}/{key}/windows on a worker).
-// Windowed implements it.
-type WindowQuerier interface {
-	Def
-	// WindowKey encodes the table key named by s, as Queryable.QueryKey
-	// does: s itself for a string key, else s parsed as JSON. The key's
-	// partition is that of these bytes (the window is not part of it).
-	WindowKey(s string) ([]byte, error)
-	// QueryWindows lists the windows of the encoded key in partition p of
-	// st whose start is in [from, to], ascending by start, at most limit
-	// (more is set when further windows in the range were left out). It
-	// reads what a point read of the partition reads: the write cache, the
-	// cycle being flushed, then the store (only the store on a copy that is
-	// not active). Errors: the store's, a stored row that does not decode.
-	QueryWindows(st *State, p int32, key []byte, from, to time.Time, limit int) (rows []WindowRow, more bool, err error)
-	// WindowSpec describes the windows ("tumbling 1m0s").
-	WindowSpec() string
-}
-
-// WindowRow is one window of a key and its decoded value (QueryWindows).
-type WindowRow struct {
-	Window Window
-	Value  any
-}
-
-// WindowKey implements WindowQuerier.
-func (t *Windowed[K, V]) WindowKey(s string) ([]byte, error) { return queryKey(t.name, t.kc, s) }
-
-// QueryWindows implements WindowQuerier: the partition's unapplied writes of
+// queryWindows lists a key's windows (tablestate.WindowQuerier): the partition's unapplied writes of
 // the key, then one seek of the store to the key's first window at or after
 // from (stores.Seeker, else a full iteration of the partition) that reads no
 // more of the key's windows than limit needs, with the unapplied writes
 // laid over them.
-func (t *Windowed[K, V]) QueryWindows(st *State, p int32, key []byte, from, to time.Time, limit int) ([]WindowRow, bool, error) {
+func (t *Windowed[K, V]) queryWindows(st *tablestate.State, p int32, key []byte, from, to time.Time, limit int) ([]tablestate.WindowRow, bool, error) {
 	if t.err != nil {
 		return nil, false, t.err
 	}
@@ -65,7 +37,7 @@ func (t *Windowed[K, V]) QueryWindows(st *State, p int32, key []byte, from, to t
 	// retention of short windows) was read whole for every request.
 	pending := map[int64][]byte{} // window start -> unapplied row (nil: deleted)
 	deleted := 0
-	st.eachUnapplied(p, func(k string, v []byte, del bool) {
+	st.EachUnapplied(p, func(k string, v []byte, del bool) {
 		if start, ok := mine([]byte(k)); ok {
 			if del {
 				v = nil
@@ -90,10 +62,10 @@ func (t *Windowed[K, V]) QueryWindows(st *State, p int32, key []byte, from, to t
 		return nil
 	}
 	var err error
-	if sk, ok := st.store.(stores.Seeker); ok {
+	if sk, ok := st.Store().(stores.Seeker); ok {
 		err = sk.IterateFrom(p, lo, visit)
 	} else {
-		err = st.store.Iterate(p, func(k, v []byte) error {
+		err = st.Store().Iterate(p, func(k, v []byte) error {
 			if bytes.Compare(k, lo) < 0 {
 				return nil
 			}
@@ -117,7 +89,7 @@ func (t *Windowed[K, V]) QueryWindows(st *State, p int32, key []byte, from, to t
 	if limit > 0 && len(starts) > limit {
 		starts, more = starts[:limit], true
 	}
-	out := make([]WindowRow, 0, len(starts))
+	out := make([]tablestate.WindowRow, 0, len(starts))
 	for _, s := range starts {
 		_, vb, err := decodeRow(rows[s])
 		if err != nil {
@@ -127,7 +99,8 @@ func (t *Windowed[K, V]) QueryWindows(st *State, p int32, key []byte, from, to t
 		if err != nil {
 			return nil, false, fmt.Errorf("table %s[%d]: window %d: decode value: %w", t.name, p, s, err)
 		}
-		out = append(out, WindowRow{Window: t.ws.window(s), Value: v})
+		w := t.ws.window(s)
+		out = append(out, tablestate.WindowRow{Start: w.Start, End: w.End, Value: v})
 	}
 	return out, more, nil
 }

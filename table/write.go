@@ -1,7 +1,9 @@
 package table
 
+import "github.com/runnel-dev/runnel/internal/tablestate"
+
 // partitionWriter is a table's runtime on one worker as a write sees it:
-// State for a Table, GlobalState for a GlobalTable. Both put a write in the
+// tablestate.State for a Table, tablestate.GlobalState for a GlobalTable. Both put a write in the
 // write cache of the event's partition (the current commit cycle) after
 // checking the key's partition (ErrNotCoPartitioned), ownership
 // (ErrNotActive) and the event's window (ErrOutsideWindow).
@@ -14,11 +16,25 @@ type partitionWriter interface {
 	lockRMW(p int32) (unlock func())
 }
 
-// lockRMW implements partitionWriter.
-func (s *State) lockRMW(p int32) func() { return s.rmw.lock(p) }
+// stateWriter is a Table's runtime (tablestate.State) as a partitionWriter;
+// the conversion costs nothing on the write path.
+type stateWriter tablestate.State
 
-// lockRMW implements partitionWriter.
-func (s *GlobalState) lockRMW(p int32) func() { return s.rmw.lock(p) }
+func (w *stateWriter) write(ev Event, key, value []byte, del bool) error {
+	return (*tablestate.State)(w).Write(ev, key, value, del)
+}
+
+func (w *stateWriter) lockRMW(p int32) func() { return (*tablestate.State)(w).LockRMW(p) }
+
+// globalWriter is a GlobalTable's replica (tablestate.GlobalState) as a
+// partitionWriter.
+type globalWriter tablestate.GlobalState
+
+func (w *globalWriter) write(ev Event, key, value []byte, del bool) error {
+	return (*tablestate.GlobalState)(w).Write(ev, key, value, del)
+}
+
+func (w *globalWriter) lockRMW(p int32) func() { return (*tablestate.GlobalState)(w).LockRMW(p) }
 
 // writable is the one table writer's view of a typed table: Table and
 // GlobalTable implement it, and setKey, updateKey and deleteKey are their

@@ -13,8 +13,10 @@
 // event's Binder and nothing else.
 package evbind
 
+import "time"
+
 // Binder is what a table write or a send needs of the event it is made with.
-// E is the worker's runtime as tables see it (*table.Env).
+// E is the worker's runtime as tables see it (*tablestate.Env).
 type Binder[E any] interface {
 	// BindPersist binds one derived record to the event's open window. done
 	// must be called exactly once, with nil when the broker acknowledged
@@ -23,6 +25,10 @@ type Binder[E any] interface {
 	// Env is the runtime of the worker processing the event (nil outside a
 	// worker).
 	Env() E
+	// EventTime is the event's time: the source record's timestamp for a
+	// record, the firing's time for a timer's tick. Windowed tables put the
+	// event's writes in its windows.
+	EventTime() time.Time
 }
 
 // Handle is embedded in an event type to carry its Binder. The zero Handle

@@ -31,10 +31,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"sync"
 	"time"
-
-	"github.com/runnel-dev/runnel/table"
 )
 
 // Source is one claimed source partition feeding a task (the worker's claim
@@ -80,7 +79,7 @@ type Task struct {
 	Partition int32
 	// Tables are the runtimes of the tables written in this partition
 	// (plain, windowed and global tables).
-	Tables []table.Cutter
+	Tables []tablestate.Cutter
 	// Commit commits the sources' offsets (each the offset of the next
 	// record to process) synchronously and reports whether the broker took
 	// them; it is called between the flush and the apply of a cycle that
@@ -89,7 +88,7 @@ type Task struct {
 	// later cycle's before-images are read from it). Nil: no commit.
 	Commit func(ctx context.Context, offsets []Offset) error
 	// CacheLimit is the hard limit of each table partition's write cache,
-	// in bytes as table.State.CacheSize counts them (0 or less: none). At
+	// in bytes as tablestate.State.CacheSize counts them (0 or less: none). At
 	// or over it, OverLimit names the table and the sources hand out no
 	// further record until a cycle cut the cache (backpressure; the
 	// worker's claim source waits, see OverLimit).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -103,20 +104,21 @@ func (s *source) resolve(upTo int64) {
 
 // event is a table.Event of partition 0.
 type event struct {
-	evbind.Handle[*table.Env]
-	env *table.Env
+	evbind.Handle[*tablestate.Env]
+	env *tablestate.Env
 }
 
 // newEvent returns an event linked to env.
-func newEvent(env *table.Env) *event {
+func newEvent(env *tablestate.Env) *event {
 	e := &event{env: env}
-	e.Handle = evbind.New[*table.Env](e)
+	e.Handle = evbind.New[*tablestate.Env](e)
 	return e
 }
 
 func (e *event) Partition() int32                 { return 0 }
 func (e *event) BindPersist() (func(error), bool) { return func(error) {}, true }
-func (e *event) Env() *table.Env                  { return e.env }
+func (e *event) Env() *tablestate.Env             { return e.env }
+func (e *event) EventTime() time.Time             { return time.Time{} }
 
 type host struct{}
 
@@ -132,7 +134,7 @@ type changelogLog struct {
 	recs []string
 }
 
-func (l *changelogLog) send(topic string, p int32, key, value []byte, hs []table.Header, done func(int64, error)) error {
+func (l *changelogLog) send(topic string, p int32, key, value []byte, hs []tablestate.Header, done func(int64, error)) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.fail {
@@ -154,13 +156,13 @@ func setup(t *testing.T) (*task.Task, *source, *table.Table[string, int64], *eve
 	st := stores.NewMemory()
 	counts := table.New(host{}, "counts", codec.String(), codec.DecimalInt64(), table.Partitions(1))
 	log := &changelogLog{}
-	state := table.NewState(counts, 1, st, log.send)
+	state := tablestate.NewState(counts, 1, st, log.send)
 	if err := state.SetActive(0, true); err != nil {
 		t.Fatal(err)
 	}
 	var order []string
 	src := newSource()
-	tk := &task.Task{Partition: 0, Tables: []table.Cutter{state}, Commit: func(_ context.Context, offs []task.Offset) error {
+	tk := &task.Task{Partition: 0, Tables: []tablestate.Cutter{state}, Commit: func(_ context.Context, offs []task.Offset) error {
 		// The commit comes after the acks and before the apply.
 		v, _, _ := st.Get(0, []byte("a"))
 		order = append(order, fmt.Sprintf("commit(%v, store a=%s)", offs, v))
@@ -170,7 +172,7 @@ func setup(t *testing.T) (*task.Task, *source, *table.Table[string, int64], *eve
 		return nil
 	}}
 	tk.Add(src)
-	ev := newEvent(&table.Env{States: map[string]*table.State{"counts": state}})
+	ev := newEvent(&tablestate.Env{States: map[string]*tablestate.State{"counts": state}})
 	return tk, src, counts, ev, st, log, &order
 }
 
@@ -310,7 +312,7 @@ func TestCycleFailures(t *testing.T) {
 }
 
 // OverLimit names the table whose write cache reached CacheLimit (bytes as
-// table.State.CacheSize counts them) until a cycle cuts it, and nothing
+// tablestate.State.CacheSize counts them) until a cycle cuts it, and nothing
 // without a limit: the worker's sources hand out no record while it names
 // one.
 func TestOverLimit(t *testing.T) {

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/tablestate"
 	"slices"
 	"time"
 
 	"github.com/runnel-dev/runnel/changelog"
-	"github.com/runnel-dev/runnel/table"
 )
 
 // Together runs one commit cycle over many tasks at once, with a single
@@ -116,7 +116,7 @@ func cycle(ctx context.Context, tasks []*Task, cut time.Duration, commit CommitF
 	}
 	type cutTask struct {
 		t       *Task
-		flushes []table.Cycle
+		flushes []tablestate.Cycle
 		sources []changelog.Source
 	}
 	var cuts []cutTask

@@ -72,7 +72,7 @@ type Report struct {
 	// the trace of an anomaly upstream.
 	Rebuilds []string
 	// Unowned are the workers' table writes refused because no running task
-	// cuts the partition (table.ErrNotOwned): the worker stops before the
+	// cuts the partition (tablestate.ErrNotOwned): the worker stops before the
 	// record commits, so not a failure of the run by itself, but the trace
 	// of a claim that ran without its task's tables, the state that lost
 	// updates in CI once.

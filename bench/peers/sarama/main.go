@@ -201,7 +201,7 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 //   - idle: at a check every commit interval / 10 (20–200 ms), when records
 //     came since the last flush and none since the previous check (the
 //     partition is caught up);
-//   - full: when the cache holds cacheBytes (Runnel's table.DefaultCacheBytes,
+//   - full: when the cache holds cacheBytes (Runnel's tablestate.DefaultCacheBytes,
 //     4 MiB per table partition, each entry counted as its key, its value
 //     and 64 bytes as Runnel counts it);
 //   - the end of the claim (a rebalance or the stop).

@@ -1,4 +1,4 @@
-package table
+package tablestate
 
 import (
 	"sync/atomic"

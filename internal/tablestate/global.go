@@ -1,0 +1,283 @@
+package tablestate
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/runnel-dev/runnel/stores"
+)
+
+// GlobalState is one worker's replica of a global table: a store holding every
+// partition, the changelog producer, and the worker's own writes that the
+// replica has not applied yet.
+//
+// Invariant (kept by Store's Apply, Cut and applyCycle): the store holds
+// exactly the changelog's records up to each partition's applied offset,
+// applied in offset order by the worker's followers, nothing else; the
+// worker's own writes never go to the store directly. A write lives in the
+// partition's cache, then in the cycle being flushed, then (acknowledged) in
+// the overlay until the follower applied an offset at or past its changelog
+// offset, so reads see it at once and never see an older value after it
+// (read-your-writes, no going back in time).
+type GlobalState struct {
+	stateBase
+
+	// CacheBytes and OnFull work as State's (set before the worker starts).
+	CacheBytes int
+	OnFull     func(p int32)
+
+	mu      sync.Mutex
+	caches  map[int32]*partState              // write caches of the partitions this worker writes (Activate); guarded by mu
+	overlay map[int32]map[string]*globalWrite // newest own acknowledged write per key not yet applied; guarded by mu
+	applied map[int32]int64                   // changelog offset applied per partition; guarded by mu
+	changed chan struct{}                     // closed and replaced when applied moves; guarded by mu
+}
+
+type globalWrite struct {
+	value   []byte
+	deleted bool
+	offset  int64 // changelog offset
+}
+
+// NewGlobalState creates the replica of global table d over st (which may hold
+// a previous run's data and checkpoints) with the given producer.
+func NewGlobalState(d Def, partitions int32, st stores.Store, send ChangelogSendFunc) (*GlobalState, error) {
+	s := &GlobalState{stateBase: newStateBase(d, partitions, st, send),
+		caches: map[int32]*partState{}, overlay: map[int32]map[string]*globalWrite{}, applied: map[int32]int64{}, changed: make(chan struct{})}
+	for p := int32(0); p < partitions; p++ {
+		off, err := st.Offset(p)
+		if err != nil {
+			return nil, fmt.Errorf("table %s[%d]: read checkpoint: %w", s.name, p, err)
+		}
+		s.applied[p] = off
+	}
+	return s, nil
+}
+
+// Store returns the replica's store as followers must write it: its Apply
+// also advances the applied offsets and retires own writes the batch covers,
+// and DropPartition (a restore rebuilding the partition) resets them.
+func (s *GlobalState) Store() stores.Store { return replicaStore{Store: s.store, s: s} }
+
+// Applied returns the changelog offset applied to partition p
+// (stores.NoOffset when none).
+func (s *GlobalState) Applied(p int32) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.applied[p]
+}
+
+// WaitApplied blocks until partition p's applied offset is at least offset,
+// and returns ctx's error if ctx ends first.
+func (s *GlobalState) WaitApplied(ctx context.Context, p int32, offset int64) error {
+	for {
+		s.mu.Lock()
+		ok, ch := s.applied[p] >= offset, s.changed
+		s.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("table %s[%d]: wait for offset %d: %w", s.name, p, offset, ctx.Err())
+		}
+	}
+}
+
+// Pending returns how many of the worker's own writes the replica has not
+// applied yet (acknowledged or not).
+func (s *GlobalState) Pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, m := range s.overlay {
+		n += len(m)
+	}
+	return n
+}
+
+// Lookup returns the replica's value of an encoded key: the worker's own
+// newest write if the replica has not applied it yet, else the store's.
+func (s *GlobalState) Lookup(key []byte) ([]byte, bool, error) {
+	p := kafka.PartitionFor(key, s.partitions)
+	s.mu.Lock()
+	ps := s.caches[p]
+	s.mu.Unlock()
+	if ps != nil {
+		if it, ok := ps.lookup(key); ok {
+			if it.deleted {
+				return nil, false, nil
+			}
+			return it.value, true, nil
+		}
+	}
+	return s.lookupApplied(p, key)
+}
+
+// lookupApplied reads key of partition p from the acknowledged own writes,
+// then the store: the value before the cycles not yet acknowledged.
+func (s *GlobalState) lookupApplied(p int32, key []byte) ([]byte, bool, error) {
+	s.mu.Lock()
+	if o, ok := s.overlay[p][string(key)]; ok {
+		s.mu.Unlock()
+		if o.deleted {
+			return nil, false, nil
+		}
+		return o.value, true, nil
+	}
+	s.mu.Unlock()
+	v, ok, err := s.store.Get(p, key)
+	if err != nil {
+		return nil, false, fmt.Errorf("table %s[%d]: %w", s.name, p, err)
+	}
+	return v, ok, nil
+}
+
+// noteApplied records that the follower applied partition p up to offset and
+// retires the own writes it covers; mu must not be held.
+func (s *GlobalState) noteApplied(p int32, offset int64, reset bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !reset && offset <= s.applied[p] {
+		return
+	}
+	s.applied[p] = offset
+	for k, o := range s.overlay[p] {
+		if o.offset <= offset {
+			delete(s.overlay[p], k)
+		}
+	}
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// Write puts an encoded key and value (a tombstone when del) in the write
+// cache of ev's partition, checked as State.Write checks.
+func (s *GlobalState) Write(ev Event, key, value []byte, del bool) error {
+	p, err := s.partitionOf(ev, key, key)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	ps := s.caches[p]
+	s.mu.Unlock()
+	return s.cache(ev, p, ps, key, value, del, s.CacheBytes, s.OnFull)
+}
+
+// Activate makes partition p writable by this worker (its task started): a
+// write cache, and a writer epoch one above the highest the replica applied.
+// The replica must have caught up with the partition first (the worker
+// waits for it), so that the epoch is above every earlier owner's.
+func (s *GlobalState) Activate(p int32) error {
+	marks, err := s.store.Marks(p)
+	if err != nil {
+		return fmt.Errorf("table %s[%d]: read marks: %w", s.name, p, err)
+	}
+	s.mu.Lock()
+	s.caches[p] = &partState{epoch: marks[changelog.EpochMark] + 1, dirty: map[string]cacheItem{}}
+	s.mu.Unlock()
+	return nil
+}
+
+// Deactivate ends this worker's writes to partition p, dropping its cache.
+func (s *GlobalState) Deactivate(p int32) {
+	s.mu.Lock()
+	delete(s.caches, p)
+	s.mu.Unlock()
+}
+
+// CacheSize implements Cutter: the size of partition p's write cache (see
+// State.CacheSize), 0 when this worker does not write p.
+func (s *GlobalState) CacheSize(p int32) (entries, bytes int) {
+	s.mu.Lock()
+	ps := s.caches[p]
+	s.mu.Unlock()
+	if ps == nil {
+		return 0, 0
+	}
+	return ps.size()
+}
+
+// Cut implements Cutter: partition p's writes of the current cycle, sent
+// like a plain table's (one stamped record per key, the before-image being
+// the value before the cycle) and, once acknowledged, kept as own writes
+// until the replica's follower applies them.
+func (s *GlobalState) Cut(p int32) Cycle {
+	s.mu.Lock()
+	ps := s.caches[p]
+	s.mu.Unlock()
+	if ps == nil {
+		return nil
+	}
+	keys, items := ps.cut()
+	if keys == nil {
+		return nil
+	}
+	return &Flush{name: s.name, topic: s.topic, send: s.send, p: p, ps: ps, keys: keys, items: items,
+		done: make(chan struct{}), last: stores.NoOffset, offs: make([]int64, len(keys)),
+		before:  func(key []byte) ([]byte, bool, error) { return s.lookupApplied(p, key) },
+		applyFn: s.applyCycle}
+}
+
+// Drop implements Cutter.
+func (s *GlobalState) Drop(p int32) {
+	s.mu.Lock()
+	ps := s.caches[p]
+	s.mu.Unlock()
+	if ps != nil {
+		ps.drop()
+	}
+}
+
+// applyCycle keeps an acknowledged cycle's writes as own writes, each with
+// its changelog offset, until the follower applies that offset (noteApplied
+// retires them); one the follower already applied is not kept.
+func (s *GlobalState) applyCycle(f *Flush) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.overlay[f.p]
+	if m == nil {
+		m = map[string]*globalWrite{}
+		s.overlay[f.p] = m
+	}
+	for i, k := range f.keys {
+		if f.offs[i] <= s.applied[f.p] {
+			delete(m, k)
+			continue
+		}
+		m[k] = &globalWrite{value: f.items[i].value, deleted: f.items[i].deleted, offset: f.offs[i]}
+	}
+	return nil
+}
+
+// replicaStore is the store as a global table's followers write it.
+type replicaStore struct {
+	stores.Store
+	s *GlobalState
+}
+
+func (r replicaStore) Apply(p int32, b *stores.Batch) error {
+	if err := r.Store.Apply(p, b); err != nil {
+		return err
+	}
+	if b != nil && b.Offset != stores.NoOffset {
+		r.s.noteApplied(p, b.Offset, false)
+	}
+	return nil
+}
+
+func (r replicaStore) DropPartition(p int32) error {
+	if err := r.Store.DropPartition(p); err != nil {
+		return err
+	}
+	r.s.noteApplied(p, stores.NoOffset, true)
+	return nil
+}
+
+// LockRMW takes partition p's read-modify-write lock (a global table's
+// Update and Compute) and returns its unlock.
+func (s *GlobalState) LockRMW(p int32) func() { return s.rmw.lock(p) }

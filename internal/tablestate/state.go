@@ -1,0 +1,706 @@
+package tablestate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/runnel-dev/runnel/stores"
+)
+
+// DefaultCacheBytes is the size of one table partition's write cache (keys
+// and values of the current cycle's writes, plus 64 bytes per entry) at which
+// the partition asks its task for an early commit cycle (Kafka Streams'
+// statestore.cache.max.bytes, per partition here). The cache keeps taking
+// writes until the cycle cuts it.
+const DefaultCacheBytes = 4 << 20
+
+// State is a table's runtime on one worker: its store, the changelog producer,
+// and per active partition the write cache of the current commit cycle.
+//
+// Commit cycles (docs/tables.md): a write goes to the partition's cache (one
+// entry per key; reads see it at once). The partition's task ends a cycle by
+// cutting the cache (Cut) at a point where every source record before the
+// cycle's commit point was processed and none after it was, sending one
+// changelog record per key (Flush.Send), waiting for the broker's acks
+// (Flush.Wait), committing the source offsets, and applying the cycle to the
+// store in one batch with the changelog checkpoint and the marks
+// (Flush.Apply).
+//
+// Invariant (kept by Cut and Flush.Apply): the store holds exactly the
+// changelog's records up to its checkpoint; a write is in the store only once
+// its changelog record was acknowledged. Reads see the cache, then the cycle
+// being flushed, then the store.
+type State struct {
+	stateBase
+
+	// CacheBytes overrides DefaultCacheBytes (set before the worker starts).
+	CacheBytes int
+	// OnFull, if set, is called (without locks held) when partition p's cache
+	// reached CacheBytes; the worker asks p's task for a cycle.
+	OnFull func(p int32)
+	// OwnedWrites, set before the first write, makes an active partition
+	// writable only while a task owns it (Own): a write no task's cycle
+	// would cut fails with ErrNotOwned instead of waiting in a cache that
+	// is never flushed while the records' offsets commit (lost updates).
+	// The worker sets it; replay's scratch tables and standalone uses,
+	// which cut by hand, leave it off.
+	OwnedWrites bool
+
+	mu    sync.Mutex
+	parts map[int32]*partState // active partitions; guarded by mu
+	// owned are the partitions a task cuts (Own); guarded by mu. Kept
+	// across SetActive, so that a task that resets a partition in place
+	// keeps owning it.
+	owned map[int32]bool
+
+	hits, misses atomic.Int64 // reads answered by the caches, by the store (CacheStats)
+}
+
+// CacheStats returns how many reads of active partitions the write caches
+// (the current cycle's and the one being flushed) answered, and how many
+// reads went to the store, since the State was created.
+func (s *State) CacheStats() (hits, misses int64) { return s.hits.Load(), s.misses.Load() }
+
+// partState is one active partition's cycle state.
+type partState struct {
+	mu       sync.Mutex
+	epoch    int64                // writer epoch of this activation (changelog.Stamp)
+	dirty    map[string]cacheItem // the current cycle's writes; guarded by mu
+	flushing map[string]cacheItem // the cycle being flushed, nil when none; guarded by mu
+	bytes    int                  // size of dirty; guarded by mu
+	full     bool                 // OnFull called for this cycle; guarded by mu
+	// miss is the last store read of a key in neither layer (State.get),
+	// kept so that the write that usually follows it (Update's
+	// read-modify-write) takes it as the key's before-image instead of the
+	// flush reading the store again (issue #28: each key was read from
+	// Pebble twice per cycle). gen counts the flushing layers dropped
+	// (applied or abandoned): a read older than the last one is not kept.
+	// Guarded by mu.
+	miss missRead
+	gen  uint64
+}
+
+// missRead is a store read of one key (partState.miss).
+type missRead struct {
+	key          string
+	value        []byte
+	found, valid bool
+}
+
+type cacheItem struct {
+	value   []byte // nil for a delete
+	deleted bool
+	// before is the key's value in the store before the cycle (its
+	// before-image) when the cycle's first write of the key came right
+	// after a read of it that missed the caches (hasBefore; beforeFound:
+	// the store held the key). Invariant: a key in neither layer has the
+	// same value in the store from that read to the cycle's flush, as only
+	// the apply of a cycle holding the key changes it (partState.noteMiss).
+	before                 []byte
+	hasBefore, beforeFound bool
+}
+
+// NewState creates the runtime of table d with the given store and producer.
+func NewState(d Def, partitions int32, st stores.Store, send ChangelogSendFunc) *State {
+	return &State{stateBase: newStateBase(d, partitions, st, send), parts: map[int32]*partState{}, owned: map[int32]bool{}}
+}
+
+// ErrNotOwned is returned for a write to an active partition that no running
+// task owns (State.OwnedWrites): no cycle would cut it. It wraps
+// ErrNotActive. In a worker it means a broken invariant, not bad input: the
+// worker stops.
+var ErrNotOwned = fmt.Errorf("no running task cuts the partition: %w", ErrNotActive)
+
+// ErrOwned is returned by Own for a partition another task already owns.
+var ErrOwned = errors.New("partition is already owned by another task")
+
+// Own makes the calling task the owner of partition p, the one task whose
+// cycles cut it: with OwnedWrites, the partition accepts writes until Disown
+// (Cut itself does not check the owner; the worker cuts a partition only in
+// its owner's cycles). Errors: ErrOwned when another task owns p (two tasks
+// cutting one partition would each commit offsets for writes the other
+// flushed).
+func (s *State) Own(p int32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.owned[p] {
+		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrOwned)
+	}
+	s.owned[p] = true
+	return nil
+}
+
+// Disown ends the ownership Own gave: with OwnedWrites, writes to p fail
+// until a task owns it again.
+func (s *State) Disown(p int32) {
+	s.mu.Lock()
+	delete(s.owned, p)
+	s.mu.Unlock()
+}
+
+// Store returns the table's store.
+func (s *State) Store() stores.Store { return s.store }
+
+// stateBase is what a table's runtime (State) and a global table's replica
+// (GlobalState) share: the table's names and partition count, its store and
+// changelog producer, and Update's per-partition lock.
+type stateBase struct {
+	name, topic string
+	partitions  int32
+	store       stores.Store
+	send        ChangelogSendFunc
+	rmw         partitionLocks // Update's read-modify-write, per partition
+}
+
+func newStateBase(d Def, partitions int32, st stores.Store, send ChangelogSendFunc) stateBase {
+	return stateBase{name: d.Name(), topic: d.Changelog(), partitions: partitions, store: st, send: send}
+}
+
+// Topic returns the changelog topic.
+func (s *stateBase) Topic() string { return s.topic }
+
+// Name returns the table's name.
+func (s *stateBase) Name() string { return s.name }
+
+// Partitions returns the table's partition count (its changelog's).
+func (s *stateBase) Partitions() int32 { return s.partitions }
+
+// partitionLocks serializes the read-modify-write of Update per partition.
+// The zero value is ready to use.
+type partitionLocks struct {
+	mu sync.Mutex
+	m  map[int32]*sync.Mutex // guarded by mu
+}
+
+// lock locks partition p and returns the unlock.
+func (l *partitionLocks) lock(p int32) func() {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[int32]*sync.Mutex{}
+	}
+	m := l.m[p]
+	if m == nil {
+		m = &sync.Mutex{}
+		l.m[p] = m
+	}
+	l.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
+// SetActive marks partition p as owned (writable) by this worker or not. An
+// activation takes the writer epoch one above the highest the store's
+// partition applied (changelog.EpochMark, raised by the restore that precedes
+// it); a deactivation drops the cache and any cycle not applied: after the
+// release the store is brought up to date from the changelog. Errors: the
+// store's, reading the marks.
+func (s *State) SetActive(p int32, active bool) error {
+	if !active {
+		s.mu.Lock()
+		delete(s.parts, p)
+		s.mu.Unlock()
+		return nil
+	}
+	marks, err := s.store.Marks(p)
+	if err != nil {
+		return fmt.Errorf("table %s[%d]: read marks: %w", s.name, p, err)
+	}
+	ps := &partState{epoch: marks[changelog.EpochMark] + 1, dirty: map[string]cacheItem{}}
+	s.mu.Lock()
+	s.parts[p] = ps
+	s.mu.Unlock()
+	return nil
+}
+
+// Epoch returns the writer epoch of active partition p (0 when inactive).
+func (s *State) Epoch(p int32) int64 {
+	if ps := s.part(p); ps != nil {
+		return ps.epoch
+	}
+	return 0
+}
+
+func (s *State) part(p int32) *partState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.parts[p]
+}
+
+// Get reads an encoded key of partition p: the write cache, then the cycle
+// being flushed, then the store.
+func (s *State) Get(p int32, key []byte) ([]byte, bool, error) {
+	ps := s.part(p)
+	var gen uint64
+	if ps != nil {
+		it, ok, g := ps.lookupGen(key)
+		if ok {
+			s.hits.Add(1)
+			if it.deleted {
+				return nil, false, nil
+			}
+			return it.value, true, nil
+		}
+		gen = g
+	}
+	s.misses.Add(1)
+	v, found, err := s.store.Get(p, key)
+	if err == nil && ps != nil {
+		ps.noteMiss(key, v, found, gen)
+	}
+	return v, found, err
+}
+
+// EachUnapplied calls fn for every write of partition p not yet in the store
+// (the cycle being flushed, then the cache over it).
+func (s *State) EachUnapplied(p int32, fn func(key string, value []byte, deleted bool)) {
+	ps := s.part(p)
+	if ps == nil {
+		return
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for k, it := range ps.flushing {
+		if _, ok := ps.dirty[k]; !ok {
+			fn(k, it.value, it.deleted)
+		}
+	}
+	for k, it := range ps.dirty {
+		fn(k, it.value, it.deleted)
+	}
+}
+
+// windowChecker is implemented by events that can tell whether their window
+// is still open (agent.Event).
+type windowChecker interface{ InWindow() bool }
+
+// Write puts an encoded key and value (a tombstone when del) in the write
+// cache of ev's partition, after checking the key's partition
+// (ErrNotCoPartitioned), ownership (ErrNotActive, ErrNotOwned) and ev's
+// window (ErrOutsideWindow).
+func (s *State) Write(ev Event, key, value []byte, del bool) error {
+	return s.WriteRouted(ev, key, key, value, del)
+}
+
+// WriteRouted is Write with the co-partitioning check made on route instead
+// of key: a windowed table stores key+window start, and the partition is that
+// of the table key alone (window.go).
+func (s *State) WriteRouted(ev Event, route, key, value []byte, del bool) error {
+	p, err := s.partitionOf(ev, route, key)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	ps, owned := s.parts[p], s.owned[p] || !s.OwnedWrites
+	s.mu.Unlock()
+	if ps != nil && !owned {
+		return fmt.Errorf("table %s[%d]: %w", s.name, p, ErrNotOwned)
+	}
+	return s.cache(ev, p, ps, key, value, del, s.CacheBytes, s.OnFull)
+}
+
+// partitionOf returns the partition of ev, which route must belong to
+// (ErrNotCoPartitioned otherwise; key names the write in the error).
+func (b *stateBase) partitionOf(ev Event, route, key []byte) (int32, error) {
+	p := ev.Partition()
+	if env := EnvOf(ev); env != nil && env.Partitions > 0 && env.Partitions != b.partitions {
+		return p, fmt.Errorf("table %s (%d partitions): write of key %q from a topic with %d partitions: %w", b.name, b.partitions, key, env.Partitions, ErrNotCoPartitioned)
+	}
+	if q := kafka.PartitionFor(route, b.partitions); q != p {
+		return p, fmt.Errorf("table %s: write of key %q from partition %d: the key belongs to partition %d: %w", b.name, key, p, q, ErrNotCoPartitioned)
+	}
+	return p, nil
+}
+
+// cache puts a checked write into partition p's write cache ps (nil: the
+// partition is not active here, ErrNotActive) unless ev's window closed
+// (ErrOutsideWindow), and calls onFull (if set) when the cache reached limit
+// bytes. State and GlobalState write through it.
+func (b *stateBase) cache(ev Event, p int32, ps *partState, key, value []byte, del bool, limit int, onFull func(int32)) error {
+	if ps == nil {
+		return fmt.Errorf("table %s[%d]: %w", b.name, p, ErrNotActive)
+	}
+	if wc, ok := ev.(windowChecker); ok && !wc.InWindow() {
+		return fmt.Errorf("table %s[%d]: %w", b.name, p, ErrOutsideWindow)
+	}
+	if ps.put(string(key), value, del, limit) && onFull != nil {
+		onFull(p)
+	}
+	return nil
+}
+
+// CacheSize returns the size of active partition p's write cache, the
+// writes of the current cycle: entries is one per key, bytes counts keys and
+// values plus 64 bytes per entry (the measure CacheBytes is compared with).
+// The cycle being flushed is not counted. Both are 0 when p is inactive.
+func (s *State) CacheSize(p int32) (entries, bytes int) {
+	if ps := s.part(p); ps != nil {
+		return ps.size()
+	}
+	return 0, 0
+}
+
+// Drop discards partition p's cache (the writes of the current cycle), as a
+// failed record's task does before it resumes from its last cycle.
+func (s *State) Drop(p int32) {
+	if ps := s.part(p); ps != nil {
+		ps.drop()
+	}
+}
+
+// Cutter is a table runtime whose writes a task commits in cycles: State
+// (plain and windowed tables) and GlobalState.
+type Cutter interface {
+	// Name is the table's name.
+	Name() string
+	// Cut ends partition p's current cycle and returns it, nil when nothing
+	// was written (see State.Cut).
+	Cut(p int32) Cycle
+	// Drop discards partition p's cache.
+	Drop(p int32)
+	// CacheSize is the size of partition p's write cache (see
+	// State.CacheSize): the task holds its sources back while it is at or
+	// over the hard limit (task.Task.OverLimit).
+	CacheSize(p int32) (entries, bytes int)
+}
+
+// Cycle is one cut commit cycle of one table partition (Flush, for plain
+// tables).
+type Cycle interface {
+	// Records is how many changelog records the cycle writes.
+	Records() int
+	// Send produces the cycle's changelog records, stamped with sources.
+	Send(sources []changelog.Source) error
+	// Wait waits for the broker's answers (nil: all acknowledged).
+	Wait(ctx context.Context) error
+	// Apply makes the acknowledged cycle the table's state.
+	Apply() error
+	// Drop abandons the cycle.
+	Drop()
+}
+
+// Flush is one cut commit cycle of one table partition: its writes, sent as
+// changelog records and then applied to the store.
+type Flush struct {
+	name, topic string
+	send        ChangelogSendFunc
+	p           int32
+	ps          *partState
+	keys        []string
+	items       []cacheItem
+	// before reads a key's value before the cycle (the before-image);
+	// applyFn makes the acknowledged cycle the table's state.
+	before  func(key []byte) ([]byte, bool, error)
+	applyFn func(f *Flush) error
+	// offs, when not nil, receives each key's changelog offset.
+	offs []int64
+
+	mu      sync.Mutex
+	pending int           // records not answered; guarded by mu
+	last    int64         // highest acknowledged offset; guarded by mu
+	err     error         // first send or broker error; guarded by mu
+	done    chan struct{} // closed when pending reaches 0 after Send
+	sources []changelog.Source
+}
+
+// Cut ends partition p's current cycle: its cache becomes the cycle being
+// flushed (still read through) and a new cache starts. It returns nil when p
+// is not active or nothing was written. The caller (the task) runs one cycle
+// of a partition at a time: Cut again only after the last Flush was applied
+// or dropped.
+func (s *State) Cut(p int32) Cycle {
+	ps := s.part(p)
+	if ps == nil {
+		return nil
+	}
+	keys, items := ps.cut()
+	if keys == nil {
+		return nil
+	}
+	return &Flush{name: s.name, topic: s.topic, send: s.send, p: p, ps: ps, keys: keys, items: items,
+		done: make(chan struct{}), last: stores.NoOffset,
+		before:  func(key []byte) ([]byte, bool, error) { return s.store.Get(p, key) },
+		applyFn: s.applyCycle}
+}
+
+// cut moves the cache to the flushing layer and returns its keys and items
+// (nil when the cache is empty).
+func (ps *partState) cut() ([]string, []cacheItem) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if len(ps.dirty) == 0 {
+		return nil, nil
+	}
+	keys := make([]string, 0, len(ps.dirty))
+	items := make([]cacheItem, 0, len(ps.dirty))
+	for k, it := range ps.dirty {
+		keys = append(keys, k)
+		items = append(items, it)
+	}
+	ps.flushing = ps.dirty
+	ps.dirty = make(map[string]cacheItem, len(keys))
+	ps.bytes, ps.full = 0, false
+	return keys, items
+}
+
+// lookup reads key from the cache, then the flushing layer; found is false
+// when neither has it.
+// lookupGen is lookup that also returns the count of flushing layers
+// dropped so far (partState.gen), read with it.
+func (ps *partState) lookupGen(key []byte) (it cacheItem, found bool, gen uint64) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if it, ok := ps.dirty[string(key)]; ok {
+		return it, true, ps.gen
+	}
+	it, ok := ps.flushing[string(key)]
+	return it, ok, ps.gen
+}
+
+// noteMiss keeps a store read of key that missed both layers (State.get)
+// for the key's next write to take as its before-image. It is kept only
+// when nothing could have changed the key in the store since the lookup
+// that missed (gen): no flushing layer was dropped since (an apply
+// changes the store) and the key is still in neither layer.
+func (ps *partState) noteMiss(key, value []byte, found bool, gen uint64) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.gen != gen {
+		return
+	}
+	k := string(key)
+	if _, ok := ps.dirty[k]; ok {
+		return
+	}
+	if _, ok := ps.flushing[k]; ok {
+		return
+	}
+	ps.miss = missRead{key: k, value: value, found: found, valid: true}
+}
+
+func (ps *partState) lookup(key []byte) (it cacheItem, found bool) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if it, ok := ps.dirty[string(key)]; ok {
+		return it, true
+	}
+	it, ok := ps.flushing[string(key)]
+	return it, ok
+}
+
+// put writes key to the cache and reports whether the cache just reached
+// limit bytes (once per cycle).
+func (ps *partState) put(key string, value []byte, del bool, limit int) (full bool) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	it := cacheItem{value: value, deleted: del}
+	if old, ok := ps.dirty[key]; ok {
+		ps.bytes -= len(key) + len(old.value) + len(old.before) + 64
+		it.before, it.hasBefore, it.beforeFound = old.before, old.hasBefore, old.beforeFound
+	} else if _, flushing := ps.flushing[key]; !flushing && ps.miss.valid && ps.miss.key == key {
+		// The cycle's first write of a key read from the store just before:
+		// that read is its before-image (cacheItem.before).
+		it.before, it.hasBefore, it.beforeFound = ps.miss.value, true, ps.miss.found
+	}
+	if ps.miss.key == key {
+		ps.miss = missRead{} // used, or older than this write
+	}
+	ps.dirty[key] = it
+	ps.bytes += len(key) + len(value) + len(it.before) + 64
+	if limit <= 0 {
+		limit = DefaultCacheBytes
+	}
+	if ps.bytes >= limit && !ps.full {
+		ps.full = true
+		return true
+	}
+	return false
+}
+
+// size returns the cache's entries and bytes (see State.CacheSize).
+func (ps *partState) size() (entries, bytes int) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return len(ps.dirty), ps.bytes
+}
+
+// drop empties the cache.
+func (ps *partState) drop() {
+	ps.mu.Lock()
+	ps.dirty = map[string]cacheItem{}
+	ps.bytes, ps.full = 0, false
+	ps.mu.Unlock()
+}
+
+// Records returns how many changelog records the flush writes (one per key).
+func (f *Flush) Records() int { return len(f.keys) }
+
+// Send produces one changelog record per key of the cycle, stamped with the
+// partition's writer epoch, the cycle's sources (each with the last source
+// offset whose effect the cycle holds) and the key's before-image read from
+// the store (changelog.Stamp). The broker's answers are collected for Wait.
+// Errors: the store's (reading a before-image) and the producer's; records
+// already sent are still waited for.
+func (f *Flush) Send(sources []changelog.Source) error {
+	f.sources = sources
+	f.mu.Lock()
+	f.pending = len(f.keys) + 1 // +1 until every record is handed over
+	f.mu.Unlock()
+	var stampBuf []byte
+	var sendErr error
+	for i, k := range f.keys {
+		key := []byte(k)
+		var before []byte
+		var found bool
+		var err error
+		if it := f.items[i]; it.hasBefore {
+			before, found = it.before, it.beforeFound
+		} else {
+			before, found, err = f.before(key)
+		}
+		if err != nil {
+			sendErr = fmt.Errorf("table %s[%d]: read before-image: %w", f.name, f.p, err)
+			f.answer(stores.NoOffset, sendErr, len(f.keys)-i)
+			break
+		}
+		if !found {
+			before = nil
+		} else if before == nil {
+			before = []byte{}
+		}
+		st := changelog.Stamp{Epoch: f.ps.epoch, Sources: sources, HasBefore: true, Before: before}
+		stampBuf = st.Append(stampBuf[:0])
+		hs := []Header{{Key: []byte(changelog.HeaderStamp), Value: append([]byte(nil), stampBuf...)}}
+		it := f.items[i]
+		var value []byte
+		if !it.deleted {
+			value = it.value
+			if value == nil {
+				value = []byte{}
+			}
+		}
+		done := f.answer1
+		if f.offs != nil {
+			i := i
+			done = func(offset int64, err error) {
+				f.mu.Lock()
+				f.offs[i] = offset
+				f.mu.Unlock()
+				f.answer(offset, err, 1)
+			}
+		}
+		if err := f.send(f.topic, f.p, key, value, hs, done); err != nil {
+			sendErr = fmt.Errorf("table %s[%d]: send changelog record: %w", f.name, f.p, err)
+			f.answer(stores.NoOffset, sendErr, len(f.keys)-i)
+			break
+		}
+	}
+	f.answer(stores.NoOffset, nil, 1)
+	return sendErr
+}
+
+func (f *Flush) answer1(offset int64, err error) { f.answer(offset, err, 1) }
+
+func (f *Flush) answer(offset int64, err error, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err != nil && f.err == nil {
+		f.err = err
+	}
+	f.last = max(f.last, offset)
+	f.pending -= n
+	if f.pending == 0 {
+		close(f.done)
+	}
+}
+
+// Wait returns when the broker answered every record of the flush: nil when
+// it acknowledged all of them, else the first error (with the table and
+// partition), or ctx's error.
+func (f *Flush) Wait(ctx context.Context) error {
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		return fmt.Errorf("table %s[%d]: waiting for %d changelog acks: %w", f.name, f.p, f.pendingCount(), ctx.Err())
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return fmt.Errorf("table %s[%d]: changelog write: %w", f.name, f.p, f.err)
+	}
+	return nil
+}
+
+func (f *Flush) pendingCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pending
+}
+
+// Apply makes the acknowledged cycle the table's state (for a plain table:
+// one store batch with the data, the checkpoint, the source marks and the
+// epoch mark; State.applyCycle) and stops reading the cycle through. Call it
+// only after Wait returned nil.
+func (f *Flush) Apply() error {
+	err := f.applyFn(f)
+	f.Drop()
+	return err
+}
+
+// applyCycle writes an acknowledged cycle to the store in one batch: the
+// data, the checkpoint (the highest acknowledged offset), the source marks
+// (the cycle's sources) and the epoch mark. A partition released in the
+// meantime is not written (its store belongs to the restore or the standby
+// follower now).
+func (s *State) applyCycle(f *Flush) error {
+	s.mu.Lock()
+	current := s.parts[f.p] == f.ps
+	s.mu.Unlock()
+	if !current {
+		return nil
+	}
+	b := &stores.Batch{Offset: f.last, Ops: make([]stores.Op, 0, len(f.keys))}
+	for i, k := range f.keys {
+		if f.items[i].deleted {
+			b.Delete([]byte(k))
+		} else {
+			b.Put([]byte(k), f.items[i].value)
+		}
+	}
+	for _, src := range f.sources {
+		b.Mark(src.MarkKey(), src.Offset)
+	}
+	b.Mark(changelog.EpochMark, f.ps.epoch)
+	if err := s.store.Apply(f.p, b); err != nil {
+		return fmt.Errorf("table %s[%d]: apply cycle: %w", s.name, f.p, err)
+	}
+	return nil
+}
+
+// Drop stops reading the cycle through (after Apply, or when the cycle is
+// abandoned: the task reverts to its last applied cycle).
+func (f *Flush) Drop() {
+	f.ps.mu.Lock()
+	f.ps.flushing = nil
+	f.ps.gen++ // the store may hold the cycle now: older reads are not kept (noteMiss)
+	f.ps.mu.Unlock()
+}
+
+// Lookup returns the value of an encoded key in partition p as this worker
+// sees it (its own unacknowledged writes included); the caller checks that
+// the worker is active for p. For interactive queries.
+func (s *State) Lookup(p int32, key []byte) ([]byte, bool, error) {
+	v, ok, err := s.Get(p, key)
+	if err != nil {
+		return nil, false, fmt.Errorf("table %s[%d]: %w", s.name, p, err)
+	}
+	return v, ok, nil
+}
+
+// LockRMW takes partition p's read-modify-write lock (a table's Update and
+// Compute) and returns its unlock.
+func (s *State) LockRMW(p int32) func() { return s.rmw.lock(p) }
