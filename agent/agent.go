@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/agentrt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
 	"iter"
 	"runtime/debug"
@@ -21,35 +22,34 @@ import (
 // partition was revoked or the worker stops) or it returns an error.
 type Func[K any, V any] func(ctx context.Context, s *Stream[K, V]) error
 
-// Runner is an agent independent of its key and value types, as the worker runs it.
-type Runner interface {
+// Def is a declared agent independent of its key and value types, as it
+// registers with its Host. Agent implements it; the worker runs it through a
+// link that is no part of the API (internal/agentrt).
+type Def interface {
+	// Name is the agent's name.
 	Name() string
-	// Topic is the source topic.
+	// Topic is the source topic's name.
 	Topic() string
-	// Settings are the agent's options (error policy, dead-letter topic).
-	Settings() Settings
-	// Run runs the agent body once over sub, the subscription of partition
-	// p. It returns nil when the stream ended because the source stopped,
-	// otherwise an *Error (a panic is recovered into one). Before returning
-	// an error it resolves the record the agent was on according to the
-	// error policy: rejected under DeadLetter, failed otherwise, never acked.
-	// Run may be called again with the same subscription to restart the
-	// agent; it continues with the next queued record.
-	Run(ctx context.Context, p int32, sub *source.Subscription, env *tablestate.Env) error
 }
 
 // Agent is a declared agent.
 type Agent[K any, V any] struct {
+	link  // the runtime side (runner), no part of the API
 	name  string
 	topic *Topic[K, V]
 	fn    Func[K, V]
-	set   Settings
+	set   settings
 }
+
+// link is unexported so that an agent's runtime side (agentrt.Link) is no
+// field of its API.
+type link = agentrt.Link
 
 // New declares an agent named name that runs fn over topic, with options
 // (OnError, WithDeadLetterTopic).
 func New[K any, V any](h Host, name string, topic *Topic[K, V], fn Func[K, V], opts ...Option) *Agent[K, V] {
 	a := &Agent[K, V]{name: name, topic: topic, fn: fn}
+	a.link = agentrt.NewLink((*runner[K, V])(a))
 	for _, o := range opts {
 		o(&a.set)
 	}
@@ -58,17 +58,43 @@ func New[K any, V any](h Host, name string, topic *Topic[K, V], fn Func[K, V], o
 	return a
 }
 
-// Settings returns the agent's options.
-func (a *Agent[K, V]) Settings() Settings { return a.set }
-
 // Name returns the agent's name.
 func (a *Agent[K, V]) Name() string { return a.name }
 
 // Topic returns the source topic's name.
 func (a *Agent[K, V]) Topic() string { return a.topic.Name() }
 
-// Run implements Runner.
-func (a *Agent[K, V]) Run(ctx context.Context, p int32, sub *source.Subscription, env *tablestate.Env) error {
+// runner gives an Agent the methods agentrt.Runner asks for without making
+// them methods of Agent: a user calling Run would resolve records outside
+// the worker's ack accounting.
+type runner[K any, V any] Agent[K, V]
+
+// Name implements agentrt.Runner.
+func (r *runner[K, V]) Name() string { return r.name }
+
+// Topic implements agentrt.Runner.
+func (r *runner[K, V]) Topic() string { return r.topic.Name() }
+
+// Settings implements agentrt.Runner: the agent's options.
+func (r *runner[K, V]) Settings() agentrt.Settings {
+	s := agentrt.Settings{OnError: agentrt.ErrorPolicy(r.set.OnError), DeadLetterTopic: r.set.DeadLetterTopic,
+		Sinks: r.set.Sinks, Tables: r.set.Tables, Effects: r.set.Effects}
+	for _, tm := range r.set.Timers {
+		s.Timers = append(s.Timers, tm)
+	}
+	for _, d := range r.set.Lookups {
+		s.Lookups = append(s.Lookups, d)
+	}
+	return s
+}
+
+// Run implements agentrt.Runner.
+func (r *runner[K, V]) Run(ctx context.Context, p int32, sub *source.Subscription, env *tablestate.Env) error {
+	return (*Agent[K, V])(r).run(ctx, p, sub, env)
+}
+
+// run runs the agent body once over sub (agentrt.Runner.Run).
+func (a *Agent[K, V]) run(ctx context.Context, p int32, sub *source.Subscription, env *tablestate.Env) error {
 	s := &Stream[K, V]{ctx: ctx, sub: sub, partition: p, kc: a.topic.kc, vc: a.topic.vc, env: env}
 	panicked, err := a.call(ctx, s)
 	if s.err != nil {

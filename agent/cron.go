@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/agentrt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
 	"strconv"
 	"strings"
@@ -69,7 +70,7 @@ func Cron(spec string, fn TimerFunc, opts ...CronOption) Option {
 	for _, f := range opts {
 		f(&o)
 	}
-	tm := Timer{Clock: WallClock, Fn: fn, Cron: spec}
+	tm := timer{clock: WallClock, fn: fn, cron: spec}
 	sched, err := parseCron(spec, o.loc)
 	if err != nil {
 		tm.cronErr = err
@@ -77,7 +78,7 @@ func Cron(spec string, fn TimerFunc, opts ...CronOption) Option {
 		tm.sched = sched
 		tm.zone = sched.Location.String()
 	}
-	return func(s *Settings) { s.Timers = append(s.Timers, tm) }
+	return func(s *settings) { s.Timers = append(s.Timers, tm) }
 }
 
 func parseCron(spec string, loc *time.Location) (*cron.SpecSchedule, error) {
@@ -104,16 +105,16 @@ func CronTable(agent string) string { return agent + "-cron" }
 
 // declareCronTable declares the agent's cron table when it has Cron timers
 // and hands it to them; the App reports a host that cannot hold tables.
-func declareCronTable(h Host, name string, partitions int32, timers []Timer) {
+func declareCronTable(h Host, name string, partitions int32, timers []timer) {
 	var last *table.Table[string, int64]
 	for i := range timers {
-		if timers[i].Cron == "" {
+		if timers[i].cron == "" {
 			continue
 		}
 		if last == nil {
 			th, ok := h.(table.Host)
 			if !ok {
-				timers[i].cronErr = fmt.Errorf("cron %q: the app cannot hold the table %s", timers[i].Cron, CronTable(name))
+				timers[i].cronErr = fmt.Errorf("cron %q: the app cannot hold the table %s", timers[i].cron, CronTable(name))
 				continue
 			}
 			var opts []table.Option
@@ -128,7 +129,7 @@ func declareCronTable(h Host, name string, partitions int32, timers []Timer) {
 
 // Next returns the first scheduled time of a Cron timer after t (zero when
 // the schedule has none in the next five years, as robfig/cron answers).
-func (tm Timer) Next(t time.Time) time.Time {
+func (tm timer) Next(t time.Time) time.Time {
 	if tm.sched == nil {
 		return time.Time{}
 	}
@@ -137,7 +138,7 @@ func (tm Timer) Next(t time.Time) time.Time {
 
 // Prev returns the latest scheduled time of a Cron timer in (after, now],
 // and false when there is none.
-func (tm Timer) Prev(after, now time.Time) (time.Time, bool) {
+func (tm timer) Prev(after, now time.Time) (time.Time, bool) {
 	if tm.sched == nil || !now.After(after) {
 		return time.Time{}, false
 	}
@@ -169,24 +170,24 @@ func (tm Timer) Prev(after, now time.Time) (time.Time, bool) {
 // of a table with parts partitions: the expression and the zone, then the
 // first suffix that makes the key hash to p (a table key must belong to
 // the partition that writes it).
-func (tm Timer) cronKey(p, parts int32) (string, error) {
-	base := tm.Cron + " @" + tm.zone + " #"
+func (tm timer) cronKey(p, parts int32) (string, error) {
+	base := tm.cron + " @" + tm.zone + " #"
 	for n := 0; n < 1<<20; n++ {
 		k := base + strconv.Itoa(n)
 		if kafka.PartitionFor([]byte(k), parts) == p {
 			return k, nil
 		}
 	}
-	return "", fmt.Errorf("cron %q: no key found for partition %d of %d", tm.Cron, p, parts)
+	return "", fmt.Errorf("cron %q: no key found for partition %d of %d", tm.cron, p, parts)
 }
 
 // LastFiring returns the time a Cron timer last fired on partition p (or
 // was armed there, see Arm), as committed or written in the current cycle,
 // and false when it never did. parts is the partition count of the agent's
 // topic. Errors: the table's (not running, a store error).
-func (tm Timer) LastFiring(p, parts int32, env *tablestate.Env) (time.Time, bool, error) {
+func (tm timer) LastFiring(p, parts int32, env *tablestate.Env) (time.Time, bool, error) {
 	if tm.last == nil {
-		return time.Time{}, false, fmt.Errorf("cron %q: no cron table", tm.Cron)
+		return time.Time{}, false, fmt.Errorf("cron %q: no cron table", tm.cron)
 	}
 	k, err := tm.cronKey(p, parts)
 	if err != nil {
@@ -202,16 +203,16 @@ func (tm Timer) LastFiring(p, parts int32, env *tablestate.Env) (time.Time, bool
 // Arm records at as the timer's last firing on partition p without running
 // its function: a schedule first seen on a partition counts its missed runs
 // from then. It runs between two commit cycles, as Fire does.
-func (tm Timer) Arm(ctx context.Context, p, parts int32, env *tablestate.Env, at time.Time) error {
+func (tm timer) Arm(ctx context.Context, p, parts int32, env *tablestate.Env, at time.Time) error {
 	arm := tm
-	arm.Fn = func(context.Context, *Tick) error { return nil }
+	arm.fn = func(context.Context, *Tick) error { return nil }
 	arm.parts = parts
 	return arm.Fire(ctx, p, env, at)
 }
 
 // recordFiring writes tk.Time as the last firing of a Cron timer, in the
 // firing's window (so in its commit cycle).
-func (tm Timer) recordFiring(tk *Tick) error {
+func (tm timer) recordFiring(tk *Tick) error {
 	if tm.last == nil {
 		return nil
 	}
@@ -228,16 +229,16 @@ func (tm Timer) recordFiring(tk *Tick) error {
 // WithPartitions returns the timer with the partition count of its agent's
 // topic, which a Cron timer needs to key its row in the cron table; the
 // worker sets it before the first firing.
-func (tm Timer) WithPartitions(parts int32) Timer {
+func (tm timer) WithPartitions(parts int32) agentrt.Timer {
 	tm.parts = parts
 	return tm
 }
 
 // String describes the timer as describe shows it: "every 1h0m0s
 // stream-time" or "cron 0 9 * * MON (UTC)".
-func (tm Timer) String() string {
-	if tm.Cron != "" {
-		return fmt.Sprintf("cron %s (%s)", tm.Cron, tm.zone)
+func (tm timer) String() string {
+	if tm.cron != "" {
+		return fmt.Sprintf("cron %s (%s)", tm.cron, tm.zone)
 	}
-	return fmt.Sprintf("every %v %s", tm.Interval, tm.Clock)
+	return fmt.Sprintf("every %v %s", tm.interval, tm.clock)
 }

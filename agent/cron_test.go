@@ -10,9 +10,9 @@ import (
 	"github.com/runnel-dev/runnel/internal/kafka"
 )
 
-func cronTimer(t *testing.T, spec string, opts ...CronOption) Timer {
+func cronTimer(t *testing.T, spec string, opts ...CronOption) timer {
 	t.Helper()
-	var s Settings
+	var s settings
 	Cron(spec, func(context.Context, *Tick) error { return nil }, opts...)(&s)
 	tm := s.Timers[0]
 	if err := tm.Validate(); err != nil {
@@ -129,13 +129,13 @@ func TestCronValidate(t *testing.T) {
 		"@every 1h":                   "use agent.Every",
 		"CRON_TZ=Nowhere/X 0 9 * * *": "provided bad location",
 	} {
-		var s Settings
+		var s settings
 		Cron(spec, func(context.Context, *Tick) error { return nil })(&s)
 		if err := s.Timers[0].Validate(); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Cron(%q).Validate() = %v, want %q", spec, err, want)
 		}
 	}
-	var s Settings
+	var s settings
 	Cron("0 9 * * *", nil)(&s)
 	if err := s.Timers[0].Validate(); err == nil || !strings.Contains(err.Error(), "no function") {
 		t.Errorf("no function: %v", err)

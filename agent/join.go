@@ -9,5 +9,5 @@ import "github.com/runnel-dev/runnel/table"
 // of the table, where its keys are not. Global tables are held whole by
 // every worker and need no check. The declaration also shows in describe.
 func Lookup(tables ...table.Def) Option {
-	return func(s *Settings) { s.Lookups = append(s.Lookups, tables...) }
+	return func(s *settings) { s.Lookups = append(s.Lookups, tables...) }
 }

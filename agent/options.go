@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/agentrt"
 	"log/slog"
 
 	"github.com/runnel-dev/runnel/table"
@@ -21,35 +22,26 @@ const (
 	// with its next queued record and sees the failed one again when the
 	// source redelivers it. A record that keeps failing is dead-lettered by
 	// the source after its retry budget (app.WithRedelivery).
-	Restart ErrorPolicy = iota
+	Restart ErrorPolicy = ErrorPolicy(agentrt.Restart)
 	// StopWorker fails the record, stops the partition and makes Worker.Run
 	// return the agent's error (the process exits; a supervisor restarts it
 	// from the last committed offset).
-	StopWorker
+	StopWorker ErrorPolicy = ErrorPolicy(agentrt.StopWorker)
 	// DeadLetter rejects the record with the agent's error as reason (it is
 	// written to the agent's dead-letter topic) and runs the agent again at
 	// once on its next record.
-	DeadLetter
+	DeadLetter ErrorPolicy = ErrorPolicy(agentrt.DeadLetter)
 )
 
-func (p ErrorPolicy) String() string {
-	switch p {
-	case Restart:
-		return "restart"
-	case StopWorker:
-		return "stop-worker"
-	case DeadLetter:
-		return "dead-letter"
-	}
-	return fmt.Sprintf("ErrorPolicy(%d)", int(p))
-}
+func (p ErrorPolicy) String() string { return agentrt.ErrorPolicy(p).String() }
 
 // LogValue makes slog print the name in JSON logs too (the JSON handler
 // would print the number: it does not call String).
 func (p ErrorPolicy) LogValue() slog.Value { return slog.StringValue(p.String()) }
 
-// Settings are an agent's per-agent options, as the worker reads them.
-type Settings struct {
+// settings are an agent's per-agent options, as the options set them; the
+// worker reads them as agentrt.Settings (runner.Settings).
+type settings struct {
 	// OnError is the agent's error policy; default Restart.
 	OnError ErrorPolicy
 	// DeadLetterTopic is where the agent's rejected records, and records it
@@ -60,7 +52,7 @@ type Settings struct {
 	// writes, as declared with SendsTo and WritesTo (describe shows them).
 	Sinks, Tables []string
 	// Timers run on every partition of the agent's topic (Every).
-	Timers []Timer
+	Timers []timer
 	// Lookups are the tables the agent reads by the record's key (Lookup):
 	// the App checks that each is co-partitioned with the agent's topic.
 	Lookups []table.Def
@@ -70,24 +62,24 @@ type Settings struct {
 }
 
 // Option configures an agent (see New).
-type Option func(*Settings)
+type Option func(*settings)
 
 // OnError sets the agent's error policy (default Restart).
-func OnError(p ErrorPolicy) Option { return func(s *Settings) { s.OnError = p } }
+func OnError(p ErrorPolicy) Option { return func(s *settings) { s.OnError = p } }
 
 // WithDeadLetterTopic names the agent's dead-letter topic (default
 // "<app>-<agent>-dlq"). The worker creates it (one partition) if missing.
 // Every dead letter carries the headers runnel-reason, runnel-topic,
 // runnel-partition, runnel-offset, runnel-agent, runnel-attempts and
 // runnel-timestamp (see docs/ack-mode.md).
-func WithDeadLetterTopic(topic string) Option { return func(s *Settings) { s.DeadLetterTopic = topic } }
+func WithDeadLetterTopic(topic string) Option { return func(s *settings) { s.DeadLetterTopic = topic } }
 
 // SendsTo declares the topics the agent sends records to (sinks), so that
 // describe and its --dot graph show them. The agent body is opaque to the
 // worker: an undeclared sink still works, and the worker logs it once, at
 // the first record the agent sends there.
 func SendsTo(topics ...TopicDef) Option {
-	return func(s *Settings) {
+	return func(s *settings) {
 		for _, t := range topics {
 			s.Sinks = append(s.Sinks, t.Name())
 		}
@@ -100,7 +92,7 @@ func SendsTo(topics ...TopicDef) Option {
 // that the agent writes only these; every write is checked for
 // co-partitioning when it happens, table.ErrNotCoPartitioned).
 func WritesTo(tables ...table.Def) Option {
-	return func(s *Settings) {
+	return func(s *settings) {
 		for _, t := range tables {
 			s.Tables = append(s.Tables, t.Name())
 		}
@@ -113,15 +105,15 @@ func WritesTo(tables ...table.Def) Option {
 // (replay.ErrEffectUnused). Like SendsTo, the declaration is not enforced:
 // an undeclared effect still applies.
 func Applies(effects ...*Effect) Option {
-	return func(s *Settings) {
+	return func(s *settings) {
 		for _, e := range effects {
 			s.Effects = append(s.Effects, e.Name())
 		}
 	}
 }
 
-// Error is the error of one agent run on one partition, as Runner.Run
-// returns it.
+// Error is the error of one agent run on one partition, as the worker
+// reports it (an agent's error policy decides what follows).
 type Error struct {
 	Agent     string
 	Partition int32

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/agentrt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
 	"log/slog"
 	"runtime/debug"
@@ -22,24 +23,16 @@ const (
 	// WallClock timers fire when the worker's clock passes a multiple of
 	// the interval (Kafka Streams' PunctuationType.WALL_CLOCK_TIME, Faust's
 	// @app.timer), whether records arrive or not.
-	WallClock Clock = iota
+	WallClock Clock = Clock(agentrt.WallClock)
 	// StreamTime timers fire when the partition's stream time (the highest
 	// record timestamp its agents received) passes a multiple of the
 	// interval (Kafka Streams' PunctuationType.STREAM_TIME): they follow the
 	// data, so a replay of last week fires the same timers as the live run
 	// did, and an idle partition fires none.
-	StreamTime
+	StreamTime Clock = Clock(agentrt.StreamTime)
 )
 
-func (c Clock) String() string {
-	switch c {
-	case WallClock:
-		return "wall-clock"
-	case StreamTime:
-		return "stream-time"
-	}
-	return fmt.Sprintf("Clock(%d)", int(c))
-}
+func (c Clock) String() string { return agentrt.Clock(c).String() }
 
 // LogValue makes slog print the name in JSON logs too (the JSON handler
 // would print the number: it does not call String).
@@ -54,16 +47,17 @@ func (c Clock) LogValue() slog.Value { return slog.StringValue(c.String()) }
 // made again.
 type TimerFunc func(ctx context.Context, tick *Tick) error
 
-// Timer is a timer declared with Every (fn runs on every partition of the
-// agent's topic each time the clock passes a multiple of Interval since the
-// Unix epoch) or with Cron (at each time of a crontab schedule; Interval is
-// then 0 and Clock WallClock).
-type Timer struct {
-	Interval time.Duration
-	Clock    Clock
-	Fn       TimerFunc
-	// Cron is the crontab expression of a Cron timer; "" for Every.
-	Cron string
+// timer is a timer declared with Every (fn runs on every partition of the
+// agent's topic each time the clock passes a multiple of interval since the
+// Unix epoch) or with Cron (at each time of a crontab schedule; interval is
+// then 0 and clock WallClock). It implements agentrt.Timer: the worker
+// drives it, an app author only declares it.
+type timer struct {
+	interval time.Duration
+	clock    Clock
+	fn       TimerFunc
+	// cron is the crontab expression of a Cron timer; "" for Every.
+	cron string
 
 	sched   *cron.SpecSchedule          // Cron's parsed schedule
 	zone    string                      // Cron's time zone (its name)
@@ -107,36 +101,54 @@ type Timer struct {
 // again (a firing may repeat, as a record may); a WallClock timer fires at
 // the first multiple after the partition started.
 func Every(d time.Duration, clock Clock, fn TimerFunc) Option {
-	return func(s *Settings) { s.Timers = append(s.Timers, Timer{Interval: d, Clock: clock, Fn: fn}) }
+	return func(s *settings) { s.Timers = append(s.Timers, timer{interval: d, clock: clock, fn: fn}) }
 }
 
+// The worker backfills a join in a firing of its own (agentrt.FireFunc): a
+// tick is the event its writes are made with.
+func init() {
+	agentrt.FireFunc = func(ctx context.Context, p int32, env *tablestate.Env, at time.Time, fn func(context.Context, tablestate.Event) error) error {
+		tm := timer{interval: time.Nanosecond, clock: WallClock, fn: func(ctx context.Context, tk *Tick) error { return fn(ctx, tk) }}
+		return tm.Fire(ctx, p, env, at)
+	}
+}
+
+// Interval implements agentrt.Timer.
+func (tm timer) Interval() time.Duration { return tm.interval }
+
+// Clock implements agentrt.Timer.
+func (tm timer) Clock() agentrt.Clock { return agentrt.Clock(tm.clock) }
+
+// Cron implements agentrt.Timer.
+func (tm timer) Cron() string { return tm.cron }
+
 // Validate reports a timer that cannot run (interval not positive, no function).
-func (tm Timer) Validate() error {
-	if tm.Cron != "" || tm.cronErr != nil {
+func (tm timer) Validate() error {
+	if tm.cron != "" || tm.cronErr != nil {
 		if tm.cronErr != nil {
 			return fmt.Errorf("timer: %w", tm.cronErr)
 		}
-		if tm.Fn == nil {
-			return fmt.Errorf("cron timer %q: no function", tm.Cron)
+		if tm.fn == nil {
+			return fmt.Errorf("cron timer %q: no function", tm.cron)
 		}
 		return nil
 	}
-	if tm.Interval <= 0 {
-		return fmt.Errorf("%s timer: interval must be positive, got %v", tm.Clock, tm.Interval)
+	if tm.interval <= 0 {
+		return fmt.Errorf("%s timer: interval must be positive, got %v", tm.clock, tm.interval)
 	}
-	if tm.Fn == nil {
-		return fmt.Errorf("%s timer every %v: no function", tm.Clock, tm.Interval)
+	if tm.fn == nil {
+		return fmt.Errorf("%s timer every %v: no function", tm.clock, tm.interval)
 	}
-	if tm.Clock != WallClock && tm.Clock != StreamTime {
-		return fmt.Errorf("timer every %v: unknown clock %v", tm.Interval, tm.Clock)
+	if tm.clock != WallClock && tm.clock != StreamTime {
+		return fmt.Errorf("timer every %v: unknown clock %v", tm.interval, tm.clock)
 	}
 	return nil
 }
 
 // Boundary returns the latest multiple of the timer's interval (since the
 // Unix epoch) at or before t: the time a firing at t is for.
-func (tm Timer) Boundary(t time.Time) time.Time {
-	return t.Truncate(tm.Interval)
+func (tm timer) Boundary(t time.Time) time.Time {
+	return t.Truncate(tm.interval)
 }
 
 // Fire runs the timer's function once for partition p with Tick.Time at, and
@@ -144,9 +156,9 @@ func (tm Timer) Boundary(t time.Time) time.Time {
 // wait). The worker calls it between two commit cycles of the partition's
 // task. Errors: fn's (a panic is recovered into one), the first delivery
 // error, ctx's.
-func (tm Timer) Fire(ctx context.Context, p int32, env *tablestate.Env, at time.Time) error {
+func (tm timer) Fire(ctx context.Context, p int32, env *tablestate.Env, at time.Time) error {
 	tk := newTick(at, p, env, true)
-	err := tk.call(ctx, tm.Fn)
+	err := tk.call(ctx, tm.fn)
 	if err == nil {
 		// A Cron timer's last firing is written by the firing itself: it
 		// is committed exactly when the firing's effects are.
@@ -157,10 +169,10 @@ func (tm Timer) Fire(ctx context.Context, p int32, env *tablestate.Env, at time.
 		err = errors.Join(err, werr)
 	}
 	if err != nil {
-		if tm.Cron != "" {
-			return fmt.Errorf("cron timer %q at %s on partition %d: %w", tm.Cron, at.UTC().Format(time.RFC3339Nano), p, err)
+		if tm.cron != "" {
+			return fmt.Errorf("cron timer %q at %s on partition %d: %w", tm.cron, at.UTC().Format(time.RFC3339Nano), p, err)
 		}
-		return fmt.Errorf("%s timer at %s on partition %d: %w", tm.Clock, at.UTC().Format(time.RFC3339Nano), p, err)
+		return fmt.Errorf("%s timer at %s on partition %d: %w", tm.clock, at.UTC().Format(time.RFC3339Nano), p, err)
 	}
 	return nil
 }

@@ -15,7 +15,7 @@ import (
 func TestFireWaitsForBoundRecords(t *testing.T) {
 	var late *Tick
 	answers := make(chan func(error), 2)
-	tm := Timer{Interval: time.Minute, Clock: WallClock, Fn: func(ctx context.Context, tk *Tick) error {
+	tm := timer{interval: time.Minute, clock: WallClock, fn: func(ctx context.Context, tk *Tick) error {
 		for range 2 {
 			done, ok := tk.bindPersist()
 			if !ok {
@@ -46,11 +46,11 @@ func TestFireWaitsForBoundRecords(t *testing.T) {
 // A panicking timer function is an error of the firing, never a crash; an
 // unanswered record makes Fire end with its context.
 func TestFirePanicAndUnanswered(t *testing.T) {
-	tm := Timer{Interval: time.Minute, Fn: func(context.Context, *Tick) error { panic("boom") }}
+	tm := timer{interval: time.Minute, fn: func(context.Context, *Tick) error { panic("boom") }}
 	if err := tm.Fire(context.Background(), 0, nil, time.Now()); err == nil || !strings.Contains(err.Error(), "panic: boom") {
 		t.Fatalf("Fire = %v, want the panic", err)
 	}
-	tm.Fn = func(ctx context.Context, tk *Tick) error { _, _ = tk.bindPersist(); return nil }
+	tm.fn = func(ctx context.Context, tk *Tick) error { _, _ = tk.bindPersist(); return nil }
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := tm.Fire(ctx, 0, nil, time.Now()); err == nil || !strings.Contains(err.Error(), "1 records sent by the timer unanswered") {
@@ -59,7 +59,7 @@ func TestFirePanicAndUnanswered(t *testing.T) {
 }
 
 func TestTimerBoundaryAndValidate(t *testing.T) {
-	tm := Timer{Interval: time.Hour, Clock: StreamTime, Fn: func(context.Context, *Tick) error { return nil }}
+	tm := timer{interval: time.Hour, clock: StreamTime, fn: func(context.Context, *Tick) error { return nil }}
 	got := tm.Boundary(time.Date(2026, 3, 1, 9, 59, 59, 0, time.UTC))
 	if want := time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC); !got.Equal(want) {
 		t.Fatalf("Boundary = %v, want %v", got, want)
@@ -67,7 +67,7 @@ func TestTimerBoundaryAndValidate(t *testing.T) {
 	if err := tm.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	for _, bad := range []Timer{{Interval: 0, Fn: tm.Fn}, {Interval: time.Second}, {Interval: time.Second, Fn: tm.Fn, Clock: Clock(7)}} {
+	for _, bad := range []timer{{interval: 0, fn: tm.fn}, {interval: time.Second}, {interval: time.Second, fn: tm.fn, clock: Clock(7)}} {
 		if bad.Validate() == nil {
 			t.Errorf("%+v accepted", bad)
 		}

@@ -18,7 +18,7 @@ type Host interface {
 	// (repartition topics, like changelogs).
 	AppID() string
 	RegisterTopic(t TopicDef)
-	RegisterAgent(r Runner)
+	RegisterAgent(a Def)
 }
 
 // TopicDef is a declared topic independent of its key and value types.

@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/agentrt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
 	"log/slog"
 	"os"
@@ -22,7 +23,7 @@ type App struct {
 	id     string
 	cfg    Config
 	topics map[string]agent.TopicDef
-	agents []agent.Runner
+	agents []agentrt.Runner
 	tables []table.Def
 	errs   []error
 	// cfgErrs are the environment variables that did not parse (New);
@@ -76,7 +77,12 @@ func (a *App) RegisterTopic(t agent.TopicDef) {
 }
 
 // RegisterAgent implements agent.Host.
-func (a *App) RegisterAgent(r agent.Runner) {
+func (a *App) RegisterAgent(d agent.Def) {
+	r := agentrt.RunnerOf(d)
+	if r == nil {
+		a.errs = append(a.errs, fmt.Errorf("agent %s: not declared with agent.New", d.Name()))
+		return
+	}
 	for _, o := range a.agents {
 		if o.Name() == r.Name() {
 			a.errs = append(a.errs, fmt.Errorf("agent %s declared twice", r.Name()))

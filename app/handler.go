@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/agentrt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/internal/group"
 	"github.com/runnel-dev/runnel/stores"
 )
@@ -190,7 +190,7 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	}
 	w.markReadyIfRestored(h)
 
-	var runners []agent.Runner
+	var runners []agentrt.Runner
 	for _, r := range w.app.agents {
 		if r.Topic() == topic {
 			runners = append(runners, r)

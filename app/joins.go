@@ -2,16 +2,15 @@ package app
 
 import (
 	"context"
+	"github.com/runnel-dev/runnel/internal/agentrt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
 	"time"
-
-	"github.com/runnel-dev/runnel/agent"
 )
 
 // backfillJoins fills the partition of every joined table (table.Join)
 // among the tables the claim restored, before the claim's agents start:
 // each key the joined table lacks, or holds with a stale value, is
-// recomputed from the two tables (table.Joined.Backfill), so a join declared
+// recomputed from the two tables (tablestate.Backfiller), so a join declared
 // on tables that already held data is complete from the task's first cycle.
 // It runs inside the task between two cycles, as a timer firing does, so its
 // writes are committed with the cycle's records. A task with several
@@ -34,14 +33,14 @@ func (pt *partition) backfillJoins(ctx context.Context, acquired []restoreKey) {
 		}
 		began := time.Now()
 		var written int
-		fill := agent.Timer{Interval: time.Nanosecond, Clock: agent.WallClock, Fn: func(ctx context.Context, tk *agent.Tick) error {
+		fill := func(ctx context.Context, ev tablestate.Event) error {
 			var err error
-			written, err = b.Backfill(tk)
+			written, err = b.Backfill(ev)
 			return err
-		}}
+		}
 		fctx, cancel := context.WithTimeout(context.Background(), w.flushBudget())
 		ran := false
-		err := pt.punctuate(ctx, &ran, func() error { return fill.Fire(fctx, pt.p, pt.env, began) }) // timers.go
+		err := pt.punctuate(ctx, &ran, func() error { return agentrt.FireFunc(fctx, pt.p, pt.env, began, fill) }) // timers.go
 		cancel()
 		switch {
 		case !ran:

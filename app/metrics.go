@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/agentrt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
 	"net"
 	"net/http"
@@ -16,7 +17,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/changelog"
@@ -294,7 +294,7 @@ func (m *metrics) agentFailed(topic, agent string, err error) {
 // answer receiver that can count its own success (the agent's events:
 // ackCounter) is told to instead of being wrapped in a countedAck, one
 // allocation per sink record less.
-func (w *Worker) agentEnv(env *tablestate.Env, r agent.Runner) *tablestate.Env {
+func (w *Worker) agentEnv(env *tablestate.Env, r agentrt.Runner) *tablestate.Env {
 	m, name := w.metrics, r.Name()
 	e := *env
 	send := env.Send

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/agentrt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
 	"sync"
 	"time"
@@ -108,7 +109,7 @@ type partition struct {
 	topic   string
 	p       int32
 	key     string
-	runners []agent.Runner
+	runners []agentrt.Runner
 	feed    *group.ClaimFeed
 	retry   Redelivery
 
@@ -147,7 +148,7 @@ func (pt *partition) markOffset(next int64) {
 }
 
 type agentResult struct {
-	r   agent.Runner
+	r   agentrt.Runner
 	sub *source.Subscription
 	err error
 }
@@ -398,7 +399,7 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 	if first == nil {
 		return nil, false
 	}
-	if first.r.Settings().OnError == agent.StopWorker {
+	if first.r.Settings().OnError == agentrt.StopWorker {
 		var ae *agent.Error
 		if errors.As(first.err, &ae) && !ae.Stream {
 			w.log.Error("agent failed; stopping the worker (agent.StopWorker)", "agent", first.r.Name(), "topic", pt.topic, "partition", pt.p, "err", first.err)
@@ -416,7 +417,7 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 // subscription after an error on a record (agent.Restart with backoff,
 // agent.DeadLetter at once). It returns when the stream ended (nil), the
 // stream failed, or the policy is StopWorker.
-func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source.Subscription) agentResult {
+func (pt *partition) supervise(actx context.Context, r agentrt.Runner, sub *source.Subscription) agentResult {
 	w := pt.w
 	policy := r.Settings().OnError
 	failures := 0
@@ -439,7 +440,7 @@ func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source
 			w.fatal.stop(err)
 			return agentResult{r: r, sub: sub, err: err}
 		}
-		if !errors.As(err, &ae) || ae.Stream || policy == agent.StopWorker {
+		if !errors.As(err, &ae) || ae.Stream || policy == agentrt.StopWorker {
 			return agentResult{r: r, sub: sub, err: err}
 		}
 		if errors.Is(err, table.ErrNotCoPartitioned) && ae.Offset >= 0 {
@@ -453,7 +454,7 @@ func (pt *partition) supervise(actx context.Context, r agent.Runner, sub *source
 			failures = 0
 		}
 		failures++
-		if policy == agent.DeadLetter && ae.Offset >= 0 {
+		if policy == agentrt.DeadLetter && ae.Offset >= 0 {
 			w.log.Warn("agent failed on a record; dead-lettered, continuing", "agent", r.Name(), "topic", pt.topic, "partition", pt.p, "offset", ae.Offset, "err", err)
 			continue
 		}

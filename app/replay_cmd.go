@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/agentrt"
 	"io"
 	"os"
 	"slices"
@@ -13,7 +14,6 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
-	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/replay"
 	"github.com/runnel-dev/runnel/table"
@@ -42,7 +42,7 @@ the same command again resumes where it stopped. It fails, saying how far each
 partition got, when the idle timeout or the deadline expires.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var target agent.Runner
+			var target agentrt.Runner
 			var names []string
 			for _, r := range a.agents {
 				names = append(names, r.Name())

@@ -2,18 +2,18 @@ package app
 
 import (
 	"context"
+	"github.com/runnel-dev/runnel/internal/agentrt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
 	"sync"
 	"time"
 
-	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/topology"
 )
 
 // hasTimers reports whether any of runners declared a timer: its partitions
 // then run a task (commit cycles) even when they write no table, so that the
 // timers' sends are ordered with the commits.
-func hasTimers(runners []agent.Runner) bool {
+func hasTimers(runners []agentrt.Runner) bool {
 	for _, r := range runners {
 		if len(r.Settings().Timers) > 0 {
 			return true
@@ -37,7 +37,7 @@ func (pt *partition) startTimers(ctx context.Context) (stop func()) {
 	var wg sync.WaitGroup
 	for _, r := range pt.runners {
 		for _, tm := range r.Settings().Timers {
-			if tm.Clock == agent.StreamTime && pt.env.StreamTime == nil {
+			if tm.Clock() == agentrt.StreamTime && pt.env.StreamTime == nil {
 				pt.env.StreamTime = tablestate.NewStreamTime()
 			}
 			wg.Add(1)
@@ -54,16 +54,16 @@ func (pt *partition) startTimers(ctx context.Context) (stop func()) {
 }
 
 // runTimer fires tm on the partition until ctx ends.
-func (pt *partition) runTimer(ctx context.Context, name string, tm agent.Timer) {
-	if tm.Cron != "" {
+func (pt *partition) runTimer(ctx context.Context, name string, tm agentrt.Timer) {
+	if tm.Cron() != "" {
 		pt.runCron(ctx, name, tm)
 		return
 	}
-	switch tm.Clock {
-	case agent.WallClock:
+	switch tm.Clock() {
+	case agentrt.WallClock:
 		last := tm.Boundary(time.Now())
 		for {
-			t := time.NewTimer(time.Until(last.Add(tm.Interval)))
+			t := time.NewTimer(time.Until(last.Add(tm.Interval())))
 			select {
 			case <-ctx.Done():
 				t.Stop()
@@ -73,12 +73,12 @@ func (pt *partition) runTimer(ctx context.Context, name string, tm agent.Timer) 
 			// Late by more than one interval: fire once, for the latest.
 			at := tm.Boundary(time.Now())
 			if !at.After(last) {
-				at = last.Add(tm.Interval) // the timer woke a hair early
+				at = last.Add(tm.Interval()) // the timer woke a hair early
 			}
 			last = at
 			pt.fire(ctx, name, tm, at)
 		}
-	case agent.StreamTime:
+	case agentrt.StreamTime:
 		st := pt.env.StreamTime
 		var last time.Time
 		first := true
@@ -111,20 +111,20 @@ func (pt *partition) runTimer(ctx context.Context, name string, tm agent.Timer) 
 				if f, ok := st.First(); ok && f.Before(now) {
 					at = tm.Boundary(f)
 				}
-				if to.Sub(at) >= maxCatchUp*tm.Interval {
+				if to.Sub(at) >= maxCatchUp*tm.Interval() {
 					at = to
 				}
 			} else {
 				if !to.After(last) {
 					continue
 				}
-				at = last.Add(tm.Interval)
-				if to.Sub(at) >= maxCatchUp*tm.Interval {
+				at = last.Add(tm.Interval())
+				if to.Sub(at) >= maxCatchUp*tm.Interval() {
 					at = to // a jump (a bad timestamp?): fire once, for the latest
 				}
 			}
 			first = false
-			for ; !at.After(to); at = at.Add(tm.Interval) {
+			for ; !at.After(to); at = at.Add(tm.Interval()) {
 				if !pt.fire(ctx, name, tm, at) {
 					break
 				}
@@ -155,7 +155,7 @@ func (w *Worker) cronNow() time.Time {
 // such time (missed runs are run once, not skipped). A schedule the
 // partition never saw is armed at the current time: nothing before counts
 // as missed.
-func (pt *partition) runCron(ctx context.Context, name string, tm agent.Timer) {
+func (pt *partition) runCron(ctx context.Context, name string, tm agentrt.Timer) {
 	src, _ := pt.w.graph.Topic(pt.topic)
 	tm = tm.WithPartitions(src.Partitions)
 	armed := false
@@ -221,11 +221,11 @@ func (pt *partition) runCron(ctx context.Context, name string, tm agent.Timer) {
 
 // timerClock is the clock label of runnel_timer_firings_total: wall-clock,
 // stream-time or cron.
-func timerClock(tm agent.Timer) string {
-	if tm.Cron != "" {
+func timerClock(tm agentrt.Timer) string {
+	if tm.Cron() != "" {
 		return "cron"
 	}
-	return tm.Clock.String()
+	return tm.Clock().String()
 }
 
 func maxTime(a, b time.Time) time.Time {
@@ -238,7 +238,7 @@ func maxTime(a, b time.Time) time.Time {
 // arm records now as the Cron timer's last firing on the partition (its
 // first sight there) inside the task, as a firing; false when it did not
 // run (the claim ends, the task was abandoned, or it failed).
-func (pt *partition) arm(ctx context.Context, name string, tm agent.Timer, parts int32, now time.Time) bool {
+func (pt *partition) arm(ctx context.Context, name string, tm agentrt.Timer, parts int32, now time.Time) bool {
 	fctx, cancel := context.WithTimeout(context.Background(), pt.w.flushBudget())
 	defer cancel()
 	ran := false
@@ -248,14 +248,14 @@ func (pt *partition) arm(ctx context.Context, name string, tm agent.Timer, parts
 		return false
 	}
 	if ran {
-		pt.w.log.Debug("cron timer armed", "agent", name, "topic", pt.topic, "partition", pt.p, "cron", tm.Cron, "at", now)
+		pt.w.log.Debug("cron timer armed", "agent", name, "topic", pt.topic, "partition", pt.p, "cron", tm.Cron(), "at", now)
 	}
 	return ran
 }
 
 // timerFailed abandons the partition's task after a timer's failure: the
 // partition restarts from its committed offsets.
-func (pt *partition) timerFailed(name string, tm agent.Timer, at time.Time, err error) {
+func (pt *partition) timerFailed(name string, tm agentrt.Timer, at time.Time, err error) {
 	pt.w.log.Warn("timer failed; the partition restarts from its committed offsets",
 		"agent", name, "topic", pt.topic, "partition", pt.p, "timer", tm.String(), "at", at, "err", err)
 	pt.task.abandon(&pt.w.tasks, err)
@@ -272,7 +272,7 @@ const maxCatchUp = 1024
 // refused) abandons the task: the partition restarts from its committed
 // offsets. No firing starts once the claim ends: its final cycle may already
 // have run, and writes after it would be dropped while its sends stay.
-func (pt *partition) fire(ctx context.Context, name string, tm agent.Timer, at time.Time) bool {
+func (pt *partition) fire(ctx context.Context, name string, tm agentrt.Timer, at time.Time) bool {
 	w := pt.w
 	// The firing's sends are waited for with a budget of their own, not the
 	// claim's context: the next cycle must not commit while they are in flight.
@@ -322,7 +322,7 @@ func (pt *partition) punctuate(ctx context.Context, ran *bool, fn func() error) 
 // describeAgent is r as the topology shows it: its source, the partitioned
 // tables it looks up (checked for co-partitioning; global tables need no
 // check) and its timers.
-func describeAgent(r agent.Runner) topology.Agent {
+func describeAgent(r agentrt.Runner) topology.Agent {
 	ta := topology.Agent{Name: r.Name(), Source: r.Topic()}
 	for _, d := range r.Settings().Lookups {
 		if !isGlobal(d) {

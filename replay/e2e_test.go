@@ -168,7 +168,7 @@ func produceChanges(t testing.TB, brokers []string, cfg *sarama.Config, topic st
 // "notify" effect, and writes an audit row through SQLOnce (the "audit"
 // effect). delay slows the audit effect (the crash test).
 type auditApp struct {
-	runner   agent.Runner
+	runner   agent.Def
 	tables   []table.Def
 	notified atomic.Int64
 }

@@ -105,11 +105,11 @@ func (f *fixture) committed(group, topic string, n int32) map[int32]int64 {
 }
 
 // host is the minimal agent.Host of the tests.
-type host struct{ agents []agent.Runner }
+type host struct{ agents []agent.Def }
 
 func (h *host) AppID() string                { return "replay-test" }
 func (h *host) RegisterTopic(agent.TopicDef) {}
-func (h *host) RegisterAgent(r agent.Runner) { h.agents = append(h.agents, r) }
+func (h *host) RegisterAgent(r agent.Def)    { h.agents = append(h.agents, r) }
 
 // probe is an agent under replay: it applies the "audit" effect (recording
 // each record's partition and offset), calls a "notify" effect that must
@@ -123,7 +123,7 @@ type probe struct {
 	// failAt makes the audit effect fail at this partition/offset once.
 	failAt   string
 	block    bool // the audit effect waits for ctx
-	runner   agent.Runner
+	runner   agent.Def
 	audit    *agent.Effect
 	notifyFx *agent.Effect
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/agentrt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
 	"log/slog"
 	"strings"
@@ -23,8 +24,9 @@ import (
 // Target is what a replay runs the records through: one agent, with one
 // named effect live.
 type Target struct {
-	// Agent is the agent to replay; its topic must be the plan's topic.
-	Agent agent.Runner
+	// Agent is the agent to replay (an *agent.Agent); its topic must be the
+	// plan's topic.
+	Agent agent.Def
 	// Effect names the only agent.Effect that applies; every other effect of
 	// the agent is skipped. Required.
 	Effect string
@@ -252,7 +254,8 @@ func run(ctx context.Context, client sarama.Client, plan *Plan, target Target, o
 	if plan.Group == "" || plan.Group == plan.LiveGroup {
 		return nil, fmt.Errorf("replay %s: %w", plan.Topic, ErrLiveGroup)
 	}
-	if target.Agent == nil || target.Effect == "" {
+	runner := agentrt.RunnerOf(target.Agent)
+	if runner == nil || target.Effect == "" {
 		return nil, fmt.Errorf("replay %s: an agent and an effect name are required", plan.Topic)
 	}
 	if target.Agent.Topic() != plan.Topic {
@@ -335,7 +338,7 @@ func run(ctx context.Context, client sarama.Client, plan *Plan, target Target, o
 		agents.Add(1)
 		go func() {
 			defer agents.Done()
-			if err := target.Agent.Run(ctx, p.pp.Partition, sub, env); err != nil {
+			if err := runner.Run(ctx, p.pp.Partition, sub, env); err != nil {
 				fail(fmt.Errorf("agent %s on %s[%d]: %w", target.Agent.Name(), plan.Topic, p.pp.Partition, err))
 			}
 		}()

@@ -64,7 +64,7 @@ func BenchmarkReplaySideBySide(b *testing.B) {
 	// round (the prefix), the app ID (group, output changelogs) its own.
 	type built struct {
 		a       *app.App
-		runner  agent.Runner
+		runner  agent.Def
 		in      *agent.Topic[string, string]
 		counted *atomic.Int64
 	}

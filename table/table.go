@@ -71,7 +71,7 @@ func Partitions(n int32) Option { return func(o *options) { o.partitions = n } }
 
 // Table is a typed, partitioned key/value table. Writes go to the write cache
 // of the event's partition and reach the changelog and the store in the
-// partition's commit cycles (State); reads see the worker's own writes at
+// partition's commit cycles (docs/tables.md); reads see the worker's own writes at
 // once.
 type Table[K any, V any] struct {
 	declared[K, V]

@@ -274,7 +274,7 @@ func (wp *windowPart) update(w windowParams, s *tablestate.State, ev Event, kb [
 	}
 	// Writes go to the partition's commit cycle; a cycle that fails drops
 	// the caches and the task rebuilds this index from the store
-	// (ActivatePartition), so no write needs watching here.
+	// (activatePartition), so no write needs watching here.
 	wev := ev
 	wp.st = max(wp.st, at)
 	n := 0
