@@ -22,15 +22,15 @@ const (
 	// with its next queued record and sees the failed one again when the
 	// source redelivers it. A record that keeps failing is dead-lettered by
 	// the source after its retry budget (app.WithRedelivery).
-	Restart ErrorPolicy = ErrorPolicy(agentrt.Restart)
+	Restart ErrorPolicy = iota
 	// StopWorker fails the record, stops the partition and makes Worker.Run
 	// return the agent's error (the process exits; a supervisor restarts it
 	// from the last committed offset).
-	StopWorker ErrorPolicy = ErrorPolicy(agentrt.StopWorker)
+	StopWorker
 	// DeadLetter rejects the record with the agent's error as reason (it is
 	// written to the agent's dead-letter topic) and runs the agent again at
 	// once on its next record.
-	DeadLetter ErrorPolicy = ErrorPolicy(agentrt.DeadLetter)
+	DeadLetter
 )
 
 func (p ErrorPolicy) String() string { return agentrt.ErrorPolicy(p).String() }

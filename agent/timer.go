@@ -23,13 +23,13 @@ const (
 	// WallClock timers fire when the worker's clock passes a multiple of
 	// the interval (Kafka Streams' PunctuationType.WALL_CLOCK_TIME, Faust's
 	// @app.timer), whether records arrive or not.
-	WallClock Clock = Clock(agentrt.WallClock)
+	WallClock Clock = iota
 	// StreamTime timers fire when the partition's stream time (the highest
 	// record timestamp its agents received) passes a multiple of the
 	// interval (Kafka Streams' PunctuationType.STREAM_TIME): they follow the
 	// data, so a replay of last week fires the same timers as the live run
 	// did, and an idle partition fires none.
-	StreamTime Clock = Clock(agentrt.StreamTime)
+	StreamTime
 )
 
 func (c Clock) String() string { return agentrt.Clock(c).String() }
