@@ -4,5 +4,12 @@
 // advanced (its offset committed) only after every subscriber moved past it and
 // every record it derived was acknowledged by the broker.
 //
+// This package is what an app author uses: declaring topics, agents,
+// repartitions and timers, their options, and the events an agent reads and
+// writes with. What runs an agent on a partition (agentrt.Runner, the timers'
+// firings) is in internal/agentrt, reached through a link that is no part of
+// this API: a Run or a Fire called from an app would resolve records outside
+// the worker's ack accounting.
+//
 // agent must never commit an offset past an unresolved record.
 package agent

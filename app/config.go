@@ -79,7 +79,7 @@ type Config struct {
 	IdleCommit time.Duration
 	// CacheBytes is the size of a table partition's write cache at which its
 	// task runs a cycle before the interval ends; default
-	// tablestate.DefaultCacheBytes (4 MiB).
+	// 0: 4 MiB.
 	CacheBytes int
 	// WriteCacheLimit is the hard limit of a table partition's write cache
 	// (bytes, measured as CacheBytes): while a cache of a task is at or over
@@ -273,7 +273,7 @@ func (c *Config) writeCacheLimit() int {
 func WithIdleCommit(d time.Duration) Option { return func(c *Config) { c.IdleCommit = d } }
 
 // WithCacheBytes sets the write-cache size per table partition that triggers
-// an early commit cycle (bytes; default 0: tablestate.DefaultCacheBytes, 4 MiB).
+// an early commit cycle (bytes; default 0: 4 MiB).
 // Kafka Streams' statestore.cache.max.bytes (per instance there, per table
 // partition here).
 func WithCacheBytes(n int) Option { return func(c *Config) { c.CacheBytes = n } }
@@ -759,7 +759,7 @@ var settings = []setting{
 		usage: "a task idle this long after handing out records runs its cycle at once (0: a tenth of --commit-interval within 20-200ms; negative: off)",
 		field: durationField(func(c *Config) *time.Duration { return &c.IdleCommit })},
 	{name: "CacheBytes", option: "WithCacheBytes", env: "RUNNEL_CACHE_BYTES", flag: "cache-bytes", worker: true,
-		def: "0 (4 MiB, tablestate.DefaultCacheBytes)", unit: "bytes per table partition",
+		def: "0 (4 MiB)", unit: "bytes per table partition",
 		source: "Kafka Streams statestore.cache.max.bytes (per instance there)",
 		usage:  "a table partition's write cache at which its task cycles early (0: 4 MiB)",
 		field:  intField(func(c *Config) *int { return &c.CacheBytes }),

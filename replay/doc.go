@@ -21,8 +21,8 @@
 //
 // Replay mode of an agent. The agent runs unchanged, through the same
 // shared-source machinery as in a worker (package agent/source), with a
-// replay runtime (tablestate.Env) instead of the worker's:
-//   - effects: agent.Effect consults tablestate.Env.Replay; only the effect named
+// replay runtime instead of the worker's (the runtime tables and sinks see):
+//   - effects: agent.Effect asks the replay runtime; only the effect named
 //     for the replay applies, every other is skipped and counted;
 //   - sinks: Topic.Send goes to a sink that drops the record and confirms it
 //     at once (counted as suppressed), so history never re-sends
@@ -31,7 +31,7 @@
 //     the start and never flushed: the live Pebble stores and changelogs are
 //     never opened, and a replay can run beside the live workers.
 //
-// This needs one field in tablestate.Env and the agent.Effect type; the worker is
+// This needs one field in the runtime and the agent.Effect type; the worker is
 // not changed. A record the agent fails ends the replay (its offset stays
 // uncommitted); a record it rejects is counted and passed (a replay writes no
 // dead letters).

@@ -12,8 +12,8 @@
 // unexported types and links them to its values (Link, as
 // internal/tablestate links tables).
 //
-// agentrt must never hold state of its own: a Link is the agent's runtime
-// side and nothing else.
+// agentrt must never run or decide anything itself: it holds the interfaces,
+// the link, and FireFunc, which package agent sets once at initialization.
 package agentrt
 
 import (
