@@ -90,19 +90,19 @@ type Joined[K any, VO any] struct {
 // backfills it (tablestate.Backfiller).
 type joinRuntime[K any, VO any] struct{ j *Joined[K, VO] }
 
-// Backfill implements tablestate.Backfiller: it makes the event's partition of the joined table equal to the
-// join of the two tables' partitions: every key either table holds (or the
-// joined table holds) is recomputed, and written (a value or a tombstone)
-// only when the joined table's value differs. It returns how many keys it
-// wrote. The worker runs it when a task starts, after its tables were
-// restored and before the task's first cycle commits, so a join declared on
-// tables that already hold data, or a joined table whose store and
-// changelog were lost, is filled in the task's first commit cycle. Each
-// key's recompute is one step for the partition, as a write's is, so
-// records processed meanwhile never leave a stale joined value. Its cost is
-// one scan of the three tables' partitions (its keys held in memory).
-// Errors: the tables' (not running, a store error, a value that does not
-// decode or encode).
+// Backfill implements tablestate.Backfiller: it makes the event's partition
+// of the joined table equal to the join of the two tables' partitions: every
+// key either table holds (or the joined table holds) is recomputed, and
+// written (a value or a tombstone) only when the joined table's value
+// differs. It returns how many keys it wrote. The worker runs it when a task
+// starts, after its tables were restored and before the task's first cycle
+// commits, so a join declared on tables that already hold data, or a joined
+// table whose store and changelog were lost, is filled in the task's first
+// commit cycle. Each key's recompute is one step for the partition, as a
+// write's is, so records processed meanwhile never leave a stale joined
+// value. Its cost is one scan of the three tables' partitions (its keys held
+// in memory). Errors: the tables' (not running, a store error, a value that
+// does not decode or encode).
 func (r joinRuntime[K, VO]) Backfill(ev tablestate.Event) (int, error) { return r.j.backfill(ev) }
 
 // JoinOf names the joined tables and the kind of join (for describe).
