@@ -147,7 +147,7 @@ func guarded[K any, V any](ev table.Event, t *table.Table[K, Versioned[V]], key 
 		return false, nil
 	}
 	applied := false
-	_, err = t.Update(ev, key, func(old Versioned[V]) Versioned[V] {
+	_, err = t.TryUpdate(ev, key, func(old Versioned[V]) Versioned[V] {
 		if old.stored && old.Version >= nv.Version {
 			return old
 		}
