@@ -17,7 +17,9 @@ import (
 
 // Func is an agent's body: it runs once per assigned partition of its topic,
 // over the stream of that partition's records, until the stream ends (the
-// partition was revoked or the worker stops) or it returns an error.
+// partition was revoked or the worker stops) or it returns an error. A table
+// write or send made with an event that fails ends the stream and fails the
+// run with its error even when Func returns nil (Stream.Err).
 type Func[K any, V any] func(ctx context.Context, s *Stream[K, V]) error
 
 // Runner is an agent independent of its key and value types, as the worker runs it.
