@@ -13,7 +13,8 @@
 //	sessions.Delete(ev, ev.Key)
 //
 // Put, Update, Compute and Delete (of Table and GlobalTable), Windowed's
-// Update and UpdateAt, and the agent package's Topic.Send return no error:
+// Update and UpdateAt, the agent package's Topic.Send and the replay
+// package's SetVersion and DeleteVersion return no error:
 // what makes them fail is a programming or data error (a value the codec
 // refuses, a key outside the event's partition, a write after the agent moved
 // to the next event), which the code at the call site cannot fix. A failed
@@ -28,8 +29,8 @@
 // refused (ErrEventFailed). A timer's firing (agent.Tick) fails the same way.
 //
 // Each has a Try… variant (TryPut, TryUpdate, TryCompute, TryDelete,
-// Windowed.TryUpdate, Topic.TrySend) that returns the error and leaves the
-// event alone, for a caller that branches on it:
+// Windowed.TryUpdate, Topic.TrySend, replay.TrySetVersion, …) that returns the
+// error and leaves the event alone, for a caller that branches on it:
 //
 //	if err := counts.TryPut(ev, k, v); errors.Is(err, table.ErrNotCoPartitioned) {
 //		// re-key through a topic instead
