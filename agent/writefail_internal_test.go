@@ -78,3 +78,40 @@ func TestWriteWithHandMadeEvent(t *testing.T) {
 	}()
 	counts.Put(ev, "k", 1)
 }
+
+// Every write method that returns no error fails the firing with the write's
+// error, naming the table or topic (here: no runtime for them on this worker).
+func TestEveryShortFormFailsTheFiring(t *testing.T) {
+	h := tableHost{}
+	tb := table.New(h, "plain", codec.String(), codec.DecimalInt64())
+	gt := table.NewGlobal(h, "global", codec.String(), codec.DecimalInt64())
+	wt := table.NewWindowed(h, "windowed", codec.String(), codec.DecimalInt64(), table.Tumbling(time.Minute))
+	out := &Topic[string, string]{name: "out", partitions: 1, kc: codec.String(), vc: codec.String()}
+	inc := func(n int64) int64 { return n + 1 }
+	keep := func(n int64, _ bool) (int64, bool) { return n + 1, true }
+	for _, c := range []struct {
+		name, names string
+		write       func(tk *Tick)
+	}{
+		{"Table.Put", "table plain", func(tk *Tick) { tb.Put(tk, "k", 1) }},
+		{"Table.Update", "table plain", func(tk *Tick) { tb.Update(tk, "k", inc) }},
+		{"Table.Compute", "table plain", func(tk *Tick) { tb.Compute(tk, "k", keep) }},
+		{"Table.Delete", "table plain", func(tk *Tick) { tb.Delete(tk, "k") }},
+		{"GlobalTable.Put", "table global", func(tk *Tick) { gt.Put(tk, "k", 1) }},
+		{"GlobalTable.Update", "table global", func(tk *Tick) { gt.Update(tk, "k", inc) }},
+		{"GlobalTable.Compute", "table global", func(tk *Tick) { gt.Compute(tk, "k", keep) }},
+		{"GlobalTable.Delete", "table global", func(tk *Tick) { gt.Delete(tk, "k") }},
+		{"Windowed.Update", "table windowed", func(tk *Tick) { wt.Update(tk, "k", inc) }},
+		{"Windowed.UpdateAt", "table windowed", func(tk *Tick) { wt.UpdateAt(tk, "k", tk.Time, inc) }},
+		{"Topic.Send", "send to out", func(tk *Tick) { out.Send(tk, "k", "v") }},
+	} {
+		tm := Timer{Interval: time.Second, Clock: WallClock, Fn: func(ctx context.Context, tk *Tick) error {
+			c.write(tk)
+			return nil
+		}}
+		err := tm.Fire(context.Background(), 0, &table.Env{}, time.UnixMilli(0))
+		if !errors.Is(err, table.ErrNotRunning) || !strings.Contains(err.Error(), c.names) {
+			t.Errorf("%s: Fire = %v, want ErrNotRunning naming %q", c.name, err, c.names)
+		}
+	}
+}
