@@ -30,9 +30,7 @@ func ExampleNew() {
 				ev.Reject(errors.New("empty word"))
 				continue
 			}
-			if err := out.Send(ev, ev.Key, strings.ToUpper(ev.Value)); err != nil {
-				return err
-			}
+			out.Send(ev, ev.Key, strings.ToUpper(ev.Value))
 		}
 		return s.Err()
 	}, agent.SendsTo(out))
@@ -77,9 +75,7 @@ func ExampleGroupBy() {
 	perPage := table.New(a, "views-per-page", codec.String(), codec.DecimalInt64())
 	agent.New(a, "count", byPage, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if _, err := perPage.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			perPage.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(perPage))
@@ -120,7 +116,8 @@ func ExampleEvery() {
 		}
 		return s.Err()
 	}, agent.Every(time.Hour, agent.StreamTime, func(ctx context.Context, tick *agent.Tick) error {
-		return marks.Send(tick, "mark", tick.Time.Format(time.RFC3339))
+		marks.Send(tick, "mark", tick.Time.Format(time.RFC3339))
+		return nil
 	}), agent.SendsTo(marks))
 
 	d, err := runneltest.Start(a, runneltest.Options{})

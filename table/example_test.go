@@ -22,9 +22,7 @@ func ExampleNew() {
 	balances := table.New(a, "balances", codec.String(), codec.DecimalInt64())
 	agent.New(a, "sum", deposits, func(ctx context.Context, s *agent.Stream[string, int64]) error {
 		for ev := range s.Events() {
-			if _, err := balances.Update(ev, ev.Key, func(old int64) int64 { return old + ev.Value }); err != nil {
-				return err
-			}
+			balances.Update(ev, ev.Key, func(old int64) int64 { return old + ev.Value })
 		}
 		return s.Err()
 	}, agent.WritesTo(balances))
@@ -65,16 +63,12 @@ func ExampleNewWindowed() {
 	perMinute := table.NewWindowed(a, "clicks-per-minute", codec.String(), codec.DecimalInt64(), table.Tumbling(time.Minute))
 	agent.New(a, "count", clicks, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if _, err := perMinute.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			perMinute.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 			n, w, _, err := perMinute.Current(ev, ev.Key)
 			if err != nil {
 				return err
 			}
-			if err := counts.Send(ev, ev.Key, fmt.Sprintf("%s: %d", w.Start.Format("15:04"), n)); err != nil {
-				return err
-			}
+			counts.Send(ev, ev.Key, fmt.Sprintf("%s: %d", w.Start.Format("15:04"), n))
 		}
 		return s.Err()
 	}, agent.WritesTo(perMinute), agent.SendsTo(counts))
@@ -115,9 +109,7 @@ func ExampleNewGlobal() {
 	priced := table.New(a, "priced-orders", codec.String(), codec.DecimalInt64())
 	agent.New(a, "rates", rateUpdates, func(ctx context.Context, s *agent.Stream[string, int64]) error {
 		for ev := range s.Events() {
-			if err := rates.Set(ev, ev.Key, ev.Value); err != nil {
-				return err
-			}
+			rates.Put(ev, ev.Key, ev.Value)
 		}
 		return s.Err()
 	}, agent.WritesTo(rates))
@@ -131,9 +123,7 @@ func ExampleNewGlobal() {
 				ev.Reject(fmt.Errorf("no rate for %s", ev.Value))
 				continue
 			}
-			if err := priced.Set(ev, ev.Key, rate); err != nil {
-				return err
-			}
+			priced.Put(ev, ev.Key, rate)
 		}
 		return s.Err()
 	}, agent.WritesTo(priced))
@@ -187,9 +177,7 @@ func ExampleJoin() {
 	copyTo := func(t *table.Table[string, string]) agent.Func[string, string] {
 		return func(ctx context.Context, s *agent.Stream[string, string]) error {
 			for ev := range s.Events() {
-				if err := t.Set(ev, ev.Key, ev.Value); err != nil {
-					return err
-				}
+				t.Put(ev, ev.Key, ev.Value)
 			}
 			return s.Err()
 		}

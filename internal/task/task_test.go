@@ -117,6 +117,8 @@ func newEvent(env *tablestate.Env) *event {
 
 func (e *event) Partition() int32                 { return 0 }
 func (e *event) BindPersist() (func(error), bool) { return func(error) {}, true }
+func (e *event) Fail(error)                       {}
+func (e *event) Failed() error                    { return nil }
 func (e *event) Env() *tablestate.Env             { return e.env }
 func (e *event) EventTime() time.Time             { return time.Time{} }
 
@@ -178,7 +180,7 @@ func setup(t *testing.T) (*task.Task, *source, *table.Table[string, int64], *eve
 
 func inc(t *testing.T, counts *table.Table[string, int64], ev *event, key string) {
 	t.Helper()
-	if _, err := counts.Update(ev, key, func(n int64) int64 { return n + 1 }); err != nil {
+	if _, err := counts.TryUpdate(ev, key, func(n int64) int64 { return n + 1 }); err != nil {
 		t.Fatal(err)
 	}
 }
