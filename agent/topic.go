@@ -8,6 +8,7 @@ import (
 	"github.com/runnel-dev/runnel/codec"
 	"github.com/runnel-dev/runnel/internal/evbind"
 	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/runnel-dev/runnel/internal/topicdecl"
 	"github.com/runnel-dev/runnel/table"
 )
 
@@ -30,6 +31,9 @@ type TopicDef interface {
 }
 
 // Topic is a typed Kafka topic: agents consume it and sinks send to it.
+// Declare one with app.Topic (a topic of the app) or agent.Repartition and
+// agent.GroupBy (an internal repartition topic); a Topic made otherwise has
+// no name and no codecs.
 // Records are partitioned by Kafka's default partitioner (murmur2 of the
 // encoded key), so a topic written by Runnel is co-partitioned with the same
 // keys written by Kafka Streams or any default Java producer.
@@ -43,11 +47,22 @@ type Topic[K any, V any] struct {
 	repartitionOf string
 }
 
-// NewTopic declares a topic with the given partition count on h.
-func NewTopic[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.Codec[V], partitions int32) *Topic[K, V] {
-	t := &Topic[K, V]{name: name, partitions: partitions, kc: kc, vc: vc}
-	h.RegisterTopic(t)
-	return t
+func init() {
+	topicdecl.Init = func(t any, name string, partitions int32, kc, vc any) {
+		t.(topicSetter).set(name, partitions, kc, vc)
+	}
+}
+
+// topicSetter is a *Topic[K, V] as topicdecl.Init sets it up: app.Topic
+// declares every topic a user declares (the one way to declare one).
+type topicSetter interface {
+	set(name string, partitions int32, kc, vc any)
+}
+
+// set implements topicSetter: kc and vc are the topic's codecs.
+func (t *Topic[K, V]) set(name string, partitions int32, kc, vc any) {
+	t.name, t.partitions = name, partitions
+	t.kc, t.vc = kc.(codec.Codec[K]), vc.(codec.Codec[V])
 }
 
 // Name returns the topic name.

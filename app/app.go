@@ -10,6 +10,7 @@ import (
 
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/topicdecl"
 	"github.com/runnel-dev/runnel/table"
 	"github.com/runnel-dev/runnel/topology"
 )
@@ -109,16 +110,24 @@ type TopicOption func(*topicOptions)
 
 type topicOptions struct{ partitions int32 }
 
-// Partitions sets a topic's partition count (default 8).
+// Partitions sets a topic's partition count (default 8). table.Partitions
+// sets a table's, and agent.Partitions a repartition topic's.
 func Partitions(n int32) TopicOption { return func(o *topicOptions) { o.partitions = n } }
 
-// Topic declares a typed topic of app a.
+// Topic declares a typed topic of app a, the one way to declare a topic an
+// app reads or writes: its name (prefixed with WithTopicPrefix's prefix),
+// key and value codecs, and partition count (Partitions, default 8). Agents
+// consume it (agent.New) and send to it (Topic.Send, declared with
+// agent.SendsTo). The worker creates it when missing, with that count.
 func Topic[K any, V any](a *App, name string, kc codec.Codec[K], vc codec.Codec[V], opts ...TopicOption) *agent.Topic[K, V] {
 	o := topicOptions{partitions: 8}
 	for _, f := range opts {
 		f(&o)
 	}
-	return agent.NewTopic(a, a.cfg.topicPrefix+name, kc, vc, o.partitions)
+	t := new(agent.Topic[K, V])
+	topicdecl.Init(t, a.cfg.topicPrefix+name, o.partitions, kc, vc)
+	a.RegisterTopic(t)
+	return t
 }
 
 // Topology returns the declared graph, with table partition counts resolved

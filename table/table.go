@@ -160,14 +160,28 @@ type Def interface {
 	Format(key, value []byte) (k string, v any, err error)
 }
 
-// Option configures a table.
-type Option func(*options)
+// Option configures a table (New, NewGlobal, Join). Every Option is also a
+// WindowOption, so Partitions configures a windowed table too.
+type Option interface {
+	WindowOption
+	apply(*options)
+}
 
 type options struct{ partitions int32 }
 
-// Partitions sets the table's partition count; default: that of the source
-// topics of the app (which must then agree).
-func Partitions(n int32) Option { return func(o *options) { o.partitions = n } }
+// Partitions sets the table's partition count (New, NewGlobal, Join,
+// NewWindowed); default: that of the source topics of the app (which must
+// then agree). It is the partition count of the table's changelog topic, and
+// a table is written from a topic with the same count (co-partitioning: the
+// App refuses another at build). app.Partitions sets a topic's, and
+// agent.Partitions a repartition topic's.
+func Partitions(n int32) Option { return partitionsOption(n) }
+
+// partitionsOption is Partitions: a table option and a window option.
+type partitionsOption int32
+
+func (n partitionsOption) apply(o *options)             { o.partitions = int32(n) }
+func (n partitionsOption) applyWindow(o *windowOptions) { o.partitions = int32(n) }
 
 // Table is a typed, partitioned key/value table. Writes go to the write cache
 // of the event's partition and reach the changelog and the store in the
@@ -221,7 +235,7 @@ func (d *declared[K, V]) encodeValue(value V) ([]byte, error) {
 func declare[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.Codec[V], opts []Option) declared[K, V] {
 	d := declared[K, V]{name: name, topic: changelog.Topic(h.AppID(), name), kc: kc, vc: vc}
 	for _, o := range opts {
-		o(&d.opts)
+		o.apply(&d.opts)
 	}
 	return d
 }
