@@ -105,6 +105,6 @@ func GroupBy[K any, V any, K2 any](h Host, name string, from *Topic[K, V], kc co
 			}
 		}
 		return s.Err()
-	}, o.agent...)
+	}, append([]Option{SendsTo(t)}, o.agent...)...)
 	return t
 }

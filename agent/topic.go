@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -128,7 +129,9 @@ func (t *Topic[K, V]) Codecs() (codec.Codec[K], codec.Codec[V]) { return t.kc, t
 // Send produces one record to the topic as a sink of the event ev: the source
 // record of ev is not committed before the broker acknowledged this record.
 // Errors: the encoding errors of the codecs, table.ErrOutsideWindow when ev's
-// window is closed, table.ErrNotRunning outside a worker.
+// window is closed, table.ErrNotRunning outside a worker, a
+// *table.UndeclaredError when ev's agent did not declare the topic
+// (agent.SendsTo).
 func (t *Topic[K, V]) Send(ev table.Event, key K, value V) error {
 	env := envOf(ev)
 	if env == nil || env.Send == nil {
@@ -181,6 +184,9 @@ func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 	env := envOf(ev)
 	if env == nil || env.Send == nil {
 		return fmt.Errorf("send to %s: %w", t.name, table.ErrNotRunning)
+	}
+	if env.Agent != "" && !slices.Contains(env.Sends, t.name) {
+		return &table.UndeclaredError{Agent: env.Agent, Topic: t.name}
 	}
 	var ack table.Acker
 	if se, ok := ev.(sinkBinder); ok {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -148,9 +149,10 @@ func (a *App) Topology() (*topology.Graph, error) {
 		}
 		g.Topics = append(g.Topics, tt)
 	}
+	var declErrs []error // declarations of agents that name what the app does not hold
 	for _, r := range a.agents {
 		ta := describeAgent(r)
-		ta.Sinks, ta.Tables = nonNilStrings(r.Settings().Sinks), nonNilStrings(r.Settings().Tables)
+		ta.Sinks, ta.Tables = a.declaredSinks(r, &declErrs), a.declaredTables(r, &declErrs)
 		ta.DeadLetterTopic = a.DeadLetterTopic(r.Name())
 		g.Agents = append(g.Agents, ta)
 	}
@@ -166,7 +168,7 @@ func (a *App) Topology() (*topology.Graph, error) {
 		}
 		g.Tables = append(g.Tables, tt)
 	}
-	errs := append([]error(nil), a.errs...)
+	errs := append(append([]error(nil), a.errs...), declErrs...)
 	if err := g.Resolve(); err != nil {
 		errs = append(errs, err)
 	}
@@ -188,10 +190,37 @@ func (a *App) warnTopicCollision() {
 		"app", a.id, "example", strings.NewReplacer(".", "_", "_", ".").Replace(a.id)+"-<table>-changelog")
 }
 
-// nonNilStrings returns s, or an empty slice for nil (JSON [] rather than null).
-func nonNilStrings(s []string) []string {
-	if s == nil {
-		return []string{}
+// declaredSinks returns the names of the topics agent r declared it sends
+// to (agent.SendsTo), once each, and records an error for a topic that is
+// not declared on a to errs (another app's, or made outside app.Topic,
+// agent.Repartition and agent.GroupBy): the worker refuses every send not
+// declared, so describe shows every edge.
+func (a *App) declaredSinks(r agent.Runner, errs *[]error) []string {
+	out := []string{}
+	for _, t := range r.Settings().Sinks {
+		if slices.Contains(out, t.Name()) {
+			continue
+		}
+		if d, ok := a.topics[t.Name()]; !ok || d != t {
+			*errs = append(*errs, fmt.Errorf("agent %s: sends to topic %q (agent.SendsTo), which is not declared on app %s: declare it with app.Topic on this app", r.Name(), t.Name(), a.id))
+		}
+		out = append(out, t.Name())
 	}
-	return s
+	return out
+}
+
+// declaredTables is declaredSinks for the tables agent r declared it writes
+// (agent.WritesTo).
+func (a *App) declaredTables(r agent.Runner, errs *[]error) []string {
+	out := []string{}
+	for _, t := range r.Settings().Tables {
+		if slices.Contains(out, t.Name()) {
+			continue
+		}
+		if !slices.ContainsFunc(a.tables, func(d table.Def) bool { return d == t }) {
+			*errs = append(*errs, fmt.Errorf("agent %s: writes table %q (agent.WritesTo), which is not declared on app %s: declare it with table.New (or NewGlobal, NewWindowed, Join) on this app", r.Name(), t.Name(), a.id))
+		}
+		out = append(out, t.Name())
+	}
+	return out
 }

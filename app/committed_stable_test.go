@@ -122,7 +122,7 @@ func TestClaimStartWaitsForOpenTransaction(t *testing.T) {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts))
 	run := func() (*Worker, func()) {
 		w, err := f.app.NewWorker(WorkerOptions{})
 		if err != nil {

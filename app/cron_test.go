@@ -49,7 +49,7 @@ func TestCronTimerRunsMissedOnce(t *testing.T) {
 			return err
 		}
 		return reports.Send(tk, key[p], tk.Time.UTC().Format(time.RFC3339))
-	}))
+	}), agent.WritesTo(counts, made), agent.SendsTo(reports))
 	if g, err := a.Topology(); err != nil || !strings.Contains(fmt.Sprint(g.Agents), "cron 0 9 * * * (UTC)") {
 		t.Fatalf("topology %+v, %v: the cron timer is not shown", g.Agents, err)
 	}

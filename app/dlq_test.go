@@ -45,7 +45,7 @@ func TestRejectedRecordDeadLetteredOnceAcrossRestart(t *testing.T) {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts))
 	w, err := f.app.NewWorker(WorkerOptions{}) // Pebble stores in the fixture's data dir
 	if err != nil {
 		t.Fatal(err)

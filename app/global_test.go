@@ -71,7 +71,7 @@ func newGlobalApp(t *testing.T, id string) *globalApp {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(g.counts, g.latest))
 	return g
 }
 

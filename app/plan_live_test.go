@@ -38,7 +38,7 @@ func TestPlanLiveGroup(t *testing.T) {
 				}
 			}
 			return s.Err()
-		})
+		}, agent.WritesTo(counts))
 		return a, in.Name()
 	}
 	a, topic := newApp()

@@ -57,7 +57,7 @@ func crashApp(id string, brokers []string, block string) (*App, *agent.Topic[str
 			}
 		}
 		return s.Err()
-	})
+	}, agent.SendsTo(sink))
 	return a, in, sink
 }
 

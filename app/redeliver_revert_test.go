@@ -95,7 +95,7 @@ func TestFailedRecordRevertsToACycleAtIt(t *testing.T) {
 					}
 				}
 				return s.Err()
-			})
+			}, agent.WritesTo(counts))
 			agent.New(a, "tally", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 				for ev := range s.Events() {
 					if ev.Partition() == 0 {
@@ -106,7 +106,7 @@ func TestFailedRecordRevertsToACycleAtIt(t *testing.T) {
 					}
 				}
 				return s.Err()
-			})
+			}, agent.WritesTo(tally))
 			dir := t.TempDir()
 			_, stop := goWorker(t, a, brokers, dir)
 			client := testbroker.Client(t, brokers)

@@ -50,7 +50,7 @@ func TestFailingRecordRestartsOnlyItsPartition(t *testing.T) {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts, gcounts))
 	dir := t.TempDir()
 	w, stop := goWorker(t, a, brokers, dir)
 	client := testbroker.Client(t, brokers)

@@ -212,7 +212,7 @@ func secureCount(id string, opts ...app.Option) (*app.App, *agent.Topic[string, 
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts))
 	return a, words, counts
 }
 

@@ -41,7 +41,7 @@ func claimStartChecked(t *testing.T, g Guarantee) {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts))
 	run := func() (*Worker, func()) {
 		w, err := f.app.NewWorker(WorkerOptions{})
 		if err != nil {

@@ -55,7 +55,7 @@ func newQueryApp(t *testing.T, id string) *queryApp {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(q.counts))
 	return q
 }
 

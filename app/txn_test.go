@@ -109,7 +109,7 @@ func eosSinkRun(t *testing.T, g Guarantee) map[string]int {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.SendsTo(f.sink))
 	f.start()
 	var vs []string
 	for i := range 20 {

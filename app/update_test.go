@@ -31,7 +31,7 @@ func TestConcurrentUpdatesFromTwoAgentsAreNotLost(t *testing.T) {
 				}
 			}
 			return s.Err()
-		})
+		}, agent.WritesTo(counts))
 	}
 	f.start()
 	const n = 1000
@@ -66,7 +66,7 @@ func TestRetryDoesNotCountTwice(t *testing.T) {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts))
 	var failed atomic.Bool
 	agent.New(f.app, "flaky", f.in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {

@@ -53,7 +53,7 @@ func TestQueriesWithoutURLMap(t *testing.T) {
 				}
 			}
 			return s.Err()
-		})
+		}, agent.WritesTo(counts))
 		w, err := a.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: t.TempDir(), Name: name})
 		if err != nil {
 			t.Fatal(err)

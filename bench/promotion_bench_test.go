@@ -137,7 +137,7 @@ func runPromotion(b *testing.B, replicas, n int) promotionResult {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts))
 	g, err := a.Topology()
 	if err != nil {
 		b.Fatal(err)

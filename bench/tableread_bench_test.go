@@ -82,7 +82,7 @@ func BenchmarkTableReads(b *testing.B) {
 				}
 			}
 			return s.Err()
-		})
+		}, agent.WritesTo(c))
 		workers[i] = startWorker(b, a, brokers, dir, name)
 	}
 	changelog := counts.Changelog()

@@ -215,7 +215,7 @@ func newAuditApp(topic string, once *SQLOnce, delay time.Duration, db *downDB) *
 			}
 		}
 		return s.Err()
-	}, agent.OnError(agent.StopWorker))
+	}, agent.OnError(agent.StopWorker), agent.WritesTo(perActor), agent.SendsTo(notifications))
 	return a
 }
 

@@ -182,7 +182,7 @@ func newProbe(topic string, partitions int32, opts ...agent.Option) *probe {
 			}
 		}
 		return s.Err()
-	}, append([]agent.Option{agent.OnError(agent.StopWorker)}, opts...)...)
+	}, append([]agent.Option{agent.OnError(agent.StopWorker), agent.SendsTo(out)}, opts...)...)
 	return pr
 }
 

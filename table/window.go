@@ -167,7 +167,9 @@ func Grace(d time.Duration) WindowOption { return windowOption(func(o *windowOpt
 // Range). The changelog topic's retention.ms is set to this plus one day
 // (Kafka Streams' windowstore.changelog.additional.retention.ms), measured on
 // the changelog records' own (wall-clock) timestamps.
-func Retention(d time.Duration) WindowOption { return windowOption(func(o *windowOptions) { o.retention = d }) }
+func Retention(d time.Duration) WindowOption {
+	return windowOption(func(o *windowOptions) { o.retention = d })
+}
 
 // EventTime sets how a record's event time is found; default: the source
 // record's timestamp (Originator). A function returning an error fails the
@@ -438,6 +440,9 @@ func (t *Windowed[K, V]) Update(ev Event, key K, fn func(old V) V) (int, error) 
 func (t *Windowed[K, V]) UpdateAt(ev Event, key K, at time.Time, fn func(old V) V) (int, error) {
 	s, err := t.state(ev)
 	if err != nil {
+		return 0, err
+	}
+	if err := envOf(ev).checkWrite(t.name); err != nil {
 		return 0, err
 	}
 	kb, err := t.kc.Encode(key)

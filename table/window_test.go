@@ -88,7 +88,7 @@ func newWeekApp(id string, grace time.Duration, closes *closeLog) *weekApp {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(w.weeks))
 	return w
 }
 
@@ -482,7 +482,7 @@ func newHopApp(id string, closes *closeLog) *hopApp {
 			h.probe(ev)
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(h.counts))
 	return h
 }
 

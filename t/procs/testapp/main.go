@@ -90,7 +90,7 @@ func run() error {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts, last))
 	w, err := a.NewWorker(app.WorkerOptions{})
 	if err != nil {
 		return err
