@@ -114,7 +114,7 @@ func run() error {
 				}
 			}
 			return s.Err()
-		})
+		}, agent.SendsTo(out))
 	case "stateful":
 		counts := table.New(a, "counts", codec.String(), codec.DecimalInt64())
 		agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
@@ -127,7 +127,7 @@ func run() error {
 				}
 			}
 			return s.Err()
-		})
+		}, agent.WritesTo(counts))
 	default:
 		return fmt.Errorf("BENCH_WORKLOAD %q: want stateless or stateful", w)
 	}
