@@ -324,9 +324,26 @@ func (a *App) valueCheck(topic string) func([]byte) error {
 }
 
 // GroupLag returns, per topic and partition, the highwater minus the group's
-// committed offset (the whole highwater when nothing is committed).
-func GroupLag(client *Client, group string, topics []string) (map[string]map[int32]int64, error) {
-	return groupLag(client.sc, group, topics)
+// committed offset (the whole highwater when nothing is committed). It asks
+// the group's coordinator for the committed offsets and each partition's
+// leader for its highwater; it returns ctx's error (wrapped) as soon as ctx
+// ends, leaving the requests in flight to end within the client's timeouts.
+func GroupLag(ctx context.Context, client *Client, group string, topics []string) (map[string]map[int32]int64, error) {
+	type result struct {
+		lag map[string]map[int32]int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		lag, err := groupLag(client.sc, group, topics)
+		done <- result{lag, err}
+	}()
+	select {
+	case r := <-done:
+		return r.lag, r.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("lag of group %s: %w", group, ctx.Err())
+	}
 }
 
 func groupLag(client sarama.Client, group string, topics []string) (map[string]map[int32]int64, error) {

@@ -80,7 +80,7 @@ func TestFailingRecordRestartsOnlyItsPartition(t *testing.T) {
 	}
 	send(t, brokers, in.Name(), more...)
 	waitUntil(t, 30*time.Second, "partitions 1-3 committed to their ends", func() bool {
-		lag, err := app.GroupLag(app.WrapClient(client), id, []string{in.Name()})
+		lag, err := app.GroupLag(context.Background(), app.WrapClient(client), id, []string{in.Name()})
 		if err != nil {
 			return false
 		}

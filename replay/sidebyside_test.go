@@ -118,7 +118,7 @@ func BenchmarkReplaySideBySide(b *testing.B) {
 			if firstAt.IsZero() && w.Processed() > 0 {
 				firstAt = time.Now()
 			}
-			lag, err := app.GroupLag(tools, bt.a.ID(), []string{bt.in.Name()})
+			lag, err := app.GroupLag(ctx, tools, bt.a.ID(), []string{bt.in.Name()})
 			if err == nil && sumLag(lag) == 0 && w.Processed() > 0 {
 				break
 			}

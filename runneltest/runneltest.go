@@ -385,8 +385,10 @@ func message[K any, V any](topic *agent.Topic[K, V], key K, value V) (*sarama.Pr
 // OffsetFetch, equal the highwaters read after it, the derived records are
 // below those highwaters and processed too.
 func (d *Driver) Wait() error {
+	ctx, cancel := context.WithTimeout(context.Background(), d.timeout)
+	defer cancel()
 	if err := d.poll(func() (bool, error) {
-		lag, err := app.GroupLag(d.tools, d.app.ID(), d.sources)
+		lag, err := app.GroupLag(ctx, d.tools, d.app.ID(), d.sources)
 		if err != nil {
 			return false, err
 		}

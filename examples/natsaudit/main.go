@@ -18,13 +18,13 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
-	"github.com/IBM/sarama"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/runnel-dev/runnel/agent/source"
-	"github.com/runnel-dev/runnel/internal/kafka"
 	natssource "github.com/runnel-dev/runnel/sources/nats"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 func main() {
@@ -59,16 +59,19 @@ func run(ctx context.Context, natsURL string, brokers []string, stream, topic st
 		return fmt.Errorf("consumer: %w", err)
 	}
 
-	client, err := sarama.NewClient(brokers, kafka.NewConfig("natsaudit", sarama.KafkaVersion{}, kafka.Timeouts{}))
+	// The producer: franz-go's kgo client, idempotent with acks=all by
+	// default; records with a key go to the partition Kafka's Java client
+	// would choose (murmur2).
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID("natsaudit"))
 	if err != nil {
 		return fmt.Errorf("connect to Kafka: %w", err)
 	}
-	defer client.Close()
-	prod, err := kafka.NewProducer(kafka.ProducerConfigOf(client))
-	if err != nil {
-		return err
-	}
-	defer prod.Close()
+	defer func() {
+		flushCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = prod.Flush(flushCtx) // results in flight still confirm their items
+		prod.Close()
+	}()
 
 	m, err := source.NewManager(source.Config{})
 	if err != nil {
@@ -93,25 +96,13 @@ func run(ctx context.Context, natsURL string, brokers []string, stream, topic st
 		if !ok {
 			continue
 		}
-		msg := &sarama.ProducerMessage{Topic: topic, Partition: kafka.PartitionFor([]byte(rec.Topic), partitions(client, topic)),
-			Key: sarama.StringEncoder(rec.Topic), Value: sarama.ByteEncoder(rec.Value)}
-		if err := prod.Send(msg, func(_ int32, _ int64, err error) {
+		prod.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(rec.Topic), Value: rec.Value}, func(_ *kgo.Record, err error) {
 			if err != nil {
 				tok.Fail(err)
 				return
 			}
 			tok.Confirm()
-		}); err != nil {
-			tok.Fail(err)
-		}
+		})
 		slog.Debug("audited", "subject", rec.Topic, "sequence", rec.Offset)
 	}
-}
-
-func partitions(c sarama.Client, topic string) int32 {
-	ps, err := c.Partitions(topic)
-	if err != nil || len(ps) == 0 {
-		return 1
-	}
-	return int32(len(ps))
 }

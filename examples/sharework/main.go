@@ -21,12 +21,11 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-
-	"github.com/IBM/sarama"
+	"time"
 
 	"github.com/runnel-dev/runnel/agent/source"
-	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/sources/kafkashare"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 func main() {
@@ -46,16 +45,19 @@ func main() {
 // run processes items until ctx is done or the source fails (a cluster
 // without share groups fails here, naming the share.version feature).
 func run(ctx context.Context, brokers []string, group, in, out string) error {
-	client, err := sarama.NewClient(brokers, kafka.NewConfig("sharework", sarama.KafkaVersion{}, kafka.Timeouts{}))
+	// The producer: franz-go's kgo client, idempotent with acks=all by
+	// default; records with a key go to the partition Kafka's Java client
+	// would choose (murmur2).
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID("sharework"))
 	if err != nil {
 		return fmt.Errorf("connect to Kafka: %w", err)
 	}
-	defer client.Close()
-	prod, err := kafka.NewProducer(kafka.ProducerConfigOf(client))
-	if err != nil {
-		return err
-	}
-	defer prod.Close()
+	defer func() {
+		flushCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = prod.Flush(flushCtx) // results in flight still confirm their items
+		prod.Close()
+	}()
 
 	m, err := source.NewManager(source.Config{Overflow: source.Backpressure})
 	if err != nil {
@@ -83,25 +85,13 @@ func run(ctx context.Context, brokers []string, group, in, out string) error {
 			continue
 		}
 		result := fmt.Sprintf("%s done (delivery %d)", strings.ToUpper(string(rec.Value)), kafkashare.DeliveryCount(rec))
-		msg := &sarama.ProducerMessage{Topic: out, Partition: kafka.PartitionFor(rec.Key, partitions(client, out)),
-			Key: sarama.ByteEncoder(rec.Key), Value: sarama.StringEncoder(result)}
-		if err := prod.Send(msg, func(_ int32, _ int64, err error) {
+		prod.Produce(ctx, &kgo.Record{Topic: out, Key: rec.Key, Value: []byte(result)}, func(_ *kgo.Record, err error) {
 			if err != nil {
 				tok.Fail(err)
 				return
 			}
 			tok.Confirm()
-		}); err != nil {
-			tok.Fail(err)
-		}
+		})
 		slog.Debug("processed", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset)
 	}
-}
-
-func partitions(c sarama.Client, topic string) int32 {
-	ps, err := c.Partitions(topic)
-	if err != nil || len(ps) == 0 {
-		return 1
-	}
-	return int32(len(ps))
 }
