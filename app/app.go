@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -198,6 +199,10 @@ func (a *App) warnTopicCollision() {
 func (a *App) declaredSinks(r agent.Runner, errs *[]error) []string {
 	out := []string{}
 	for _, t := range r.Settings().Sinks {
+		if isNil(t) {
+			*errs = append(*errs, fmt.Errorf("agent %s: agent.SendsTo got a nil topic", r.Name()))
+			continue
+		}
 		if slices.Contains(out, t.Name()) {
 			continue
 		}
@@ -214,6 +219,10 @@ func (a *App) declaredSinks(r agent.Runner, errs *[]error) []string {
 func (a *App) declaredTables(r agent.Runner, errs *[]error) []string {
 	out := []string{}
 	for _, t := range r.Settings().Tables {
+		if isNil(t) {
+			*errs = append(*errs, fmt.Errorf("agent %s: agent.WritesTo got a nil table", r.Name()))
+			continue
+		}
 		if slices.Contains(out, t.Name()) {
 			continue
 		}
@@ -223,4 +232,15 @@ func (a *App) declaredTables(r agent.Runner, errs *[]error) []string {
 		out = append(out, t.Name())
 	}
 	return out
+}
+
+// isNil reports whether v is nil or a nil pointer in an interface (a table
+// or topic variable declared but never assigned), which would panic on its
+// first method call.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }

@@ -79,8 +79,9 @@ func TestDescribeMarksWindowedTables(t *testing.T) {
 // TestDeclarationsCheckedAtBuild: what an agent declares it writes and
 // sends to must be declared on the same app (a table or topic of another
 // app, even under the same name, is refused with the agent and the option
-// named), and a written table must be co-partitioned with the agent's
-// topic; all before any worker starts. The tables and topics the framework
+// named), a written table must be co-partitioned with the agent's topic, and
+// a nil table (a variable never assigned) is an error, not a panic; all
+// before any worker starts. The tables and topics the framework
 // writes for an agent are declared by it: a Cron timer's table.
 func TestDeclarationsCheckedAtBuild(t *testing.T) {
 	other := app.New("other-app")
@@ -100,11 +101,14 @@ func TestDeclarationsCheckedAtBuild(t *testing.T) {
 	agent.New(a, "foreign", in, noop, agent.WritesTo(foreignTable), agent.SendsTo(foreignTopic))
 	agent.New(a, "narrow-writer", in, noop, agent.WritesTo(narrow))
 	agent.New(a, "reporter", in, noop, agent.Cron("0 9 * * *", func(context.Context, *agent.Tick) error { return nil }))
+	var unassigned *table.Table[string, int64]
+	agent.New(a, "nil-writer", in, noop, agent.WritesTo(unassigned))
 	g, err := a.Topology()
 	for _, want := range []string{
 		`agent foreign: writes table "counts" (agent.WritesTo), which is not declared on app declaring-app`,
 		`agent foreign: sends to topic "out" (agent.SendsTo), which is not declared on app declaring-app`,
 		`agent narrow-writer: writes table narrow (4 partitions) from in (8 partitions): not co-partitioned`,
+		`agent nil-writer: agent.WritesTo got a nil table`,
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Topology error = %v\nwant it to say: %s", err, want)
