@@ -17,7 +17,9 @@ import (
 
 // Func is an agent's body: it runs once per assigned partition of its topic,
 // over the stream of that partition's records, until the stream ends (the
-// partition was revoked or the worker stops) or it returns an error.
+// partition was revoked or the worker stops) or it returns an error. A table
+// write or send made with an event that fails ends the stream and fails the
+// run with its error even when Func returns nil (Stream.Err).
 type Func[K any, V any] func(ctx context.Context, s *Stream[K, V]) error
 
 // Runner is an agent independent of its key and value types, as the worker runs it.
@@ -81,6 +83,19 @@ func (a *Agent[K, V]) Run(ctx context.Context, p int32, sub *source.Subscription
 		// stream is over.
 		return &Error{Agent: a.name, Partition: p, Offset: -1, Stream: true, Err: s.err}
 	}
+	if ferr := s.failed.get(); ferr != nil && !errors.Is(err, ferr) {
+		// A write or send failed the event (Table.Put, Topic.Send, …): the
+		// run fails with that error whatever the body returned, as if the
+		// body had returned it where the write was made. A body that
+		// returned it (s.Err(), wrapped or not) keeps its own wording; one
+		// that returned something else afterwards (or panicked) has it
+		// joined after the write's.
+		if err == nil {
+			err = ferr
+		} else {
+			err = errors.Join(ferr, err)
+		}
+	}
 	if err == nil {
 		return nil
 	}
@@ -133,9 +148,30 @@ type Stream[K any, V any] struct {
 	vc        codec.Codec[V]
 	env       *table.Env
 	err       error
+	// failed is the first write or send that failed one of the stream's
+	// events (Table.Put, Topic.Send, …): the iteration stops at the next
+	// pull and Run fails the record the body is on with it.
+	failed failure
 	// cur is the delivery last handed to the body: its window is open until
-	// the iteration pulls the next record.
+	// the iteration pulls the next record (or, after a failed write, until
+	// Run resolves it).
 	cur *source.Delivery
+}
+
+// failure holds the first error recorded by evbind.Binder.Fail for a run. Its
+// zero value holds none. Sends of one event may run on several goroutines,
+// so it is one atomic pointer.
+type failure struct{ p atomic.Pointer[error] }
+
+// set records err unless an error is already recorded.
+func (f *failure) set(err error) { f.p.CompareAndSwap(nil, &err) }
+
+// get returns the recorded error, nil when none.
+func (f *failure) get() error {
+	if p := f.p.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // Partition is the source partition this stream reads.
@@ -147,14 +183,21 @@ func (s *Stream[K, V]) Partition() int32 { return s.partition }
 //
 // A record whose key or value does not decode is rejected (dead-lettered with
 // the decode error as reason) and skipped, never lost. The iteration ends when
-// the partition is revoked or the worker stops; Err then tells whether it ended
-// on an error.
+// the partition is revoked or the worker stops, and when a write or send made
+// with one of the events failed (Table.Put, Topic.Send and the other write
+// methods that return no error): Err then tells whether it ended on an error.
 func (s *Stream[K, V]) Events() iter.Seq[*Event[K, V]] {
 	return func(yield func(*Event[K, V]) bool) {
 		for {
+			if s.failed.get() != nil {
+				// A write failed the event the body is on: pull nothing
+				// more (the window stays open, s.cur stays set) and let
+				// Run resolve the event by the error policy.
+				return
+			}
 			s.cur = nil
 			// One allocation per record holds the event and its delivery.
-			ev := &Event[K, V]{env: s.env}
+			ev := &Event[K, V]{env: s.env, failed: &s.failed}
 			ev.handle = evbind.New[*table.Env]((*eventBinder[K, V])(ev))
 			d := &ev.d
 			if err := s.sub.NextInto(s.ctx, d); err != nil {
@@ -186,8 +229,18 @@ func (s *Stream[K, V]) Events() iter.Seq[*Event[K, V]] {
 	}
 }
 
-// Err is the error that ended the stream, nil for a revoke or a stop.
-func (s *Stream[K, V]) Err() error { return s.err }
+// Err is the error that ended the stream, nil for a revoke or a stop: the
+// subscription's, or else the first failed write or send made with one of the
+// stream's events (Table.Put, Table.Update, Topic.Send, …; their Try…
+// variants return the error instead and record nothing). The agent fails with
+// a failed write's error even when its function returns nil: return s.Err()
+// to say so in the code.
+func (s *Stream[K, V]) Err() error {
+	if s.err != nil {
+		return s.err
+	}
+	return s.failed.get()
+}
 
 // Event is one record of a stream, decoded: its key and value, and the
 // source record's topic, partition, offset, timestamp and headers through
@@ -202,6 +255,7 @@ type Event[K any, V any] struct {
 	rec    *source.Record  // the source record
 	d      source.Delivery // its address names the record's window
 	env    *table.Env
+	failed *failure // the stream's (Stream.failed)
 	// ack receives the broker's answer for the event's first sink record
 	// (bindSink); ackUsed says it is taken.
 	ack     sinkAck
@@ -219,6 +273,12 @@ type eventBinder[K any, V any] Event[K, V]
 
 // Env implements evbind.Binder.
 func (b *eventBinder[K, V]) Env() *table.Env { return b.env }
+
+// Fail implements evbind.Binder: it records err as the stream's failure.
+func (b *eventBinder[K, V]) Fail(err error) { b.failed.set(err) }
+
+// Failed implements evbind.Binder.
+func (b *eventBinder[K, V]) Failed() error { return b.failed.get() }
 
 // BindPersist implements evbind.Binder: it binds one derived record to the
 // event.

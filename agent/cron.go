@@ -223,7 +223,7 @@ func (tm Timer) recordFiring(tk *Tick) error {
 	if err != nil {
 		return err
 	}
-	if err := tm.last.Set(tk, k, tk.Time.UnixMilli()); err != nil {
+	if err := tm.last.TryPut(tk, k, tk.Time.UnixMilli()); err != nil {
 		return fmt.Errorf("record the firing: %w", err)
 	}
 	return nil

@@ -33,6 +33,9 @@ func (e *Effect) Name() string { return e.name }
 // replay.SQLOnce and replay.Dedup). Apply returns fn's result; an error is
 // wrapped with the effect's name, and the agent should return it so that
 // the record is not committed (it is redelivered, or fails the replay).
+// Unlike a table write or Topic.Send, Apply does not fail the event by
+// itself: fn's error is the external system's (a timeout, a refusal), which
+// the agent may retry or branch on before it gives up on the record.
 func (e *Effect) Apply(ev table.Event, fn func() (applied bool, err error)) (bool, error) {
 	var gate table.ReplayGate
 	if env := envOf(ev); env != nil {

@@ -47,10 +47,11 @@ func (c Clock) LogValue() slog.Value { return slog.StringValue(c.String()) }
 // TimerFunc is a timer's body: it runs on one partition of the agent's topic
 // with tick as its event. Table writes made with tick go to the partition's
 // current commit cycle and sends with tick are waited for before the next
-// cycle commits, exactly as a record's. A returned error (or a panic)
-// restarts the partition from its committed offsets, like a failed record:
-// the effects since the last cycle, the timer's included, are dropped and
-// made again.
+// cycle commits, exactly as a record's. A returned error (or a panic, or a
+// failed write or send: Table.Put, Topic.Send and the other write methods
+// that return no error fail the firing) restarts the partition from its
+// committed offsets, like a failed record: the effects since the last cycle,
+// the timer's included, are dropped and made again.
 type TimerFunc func(ctx context.Context, tick *Tick) error
 
 // Timer is a timer declared with Every (fn runs on every partition of the
@@ -146,6 +147,16 @@ func (tm Timer) Boundary(t time.Time) time.Time {
 func (tm Timer) Fire(ctx context.Context, p int32, env *table.Env, at time.Time) error {
 	tk := newTick(at, p, env, true)
 	err := tk.call(ctx, tm.Fn)
+	if ferr := tk.failed.get(); ferr != nil && !errors.Is(err, ferr) {
+		// A write or send failed the firing (Table.Put, Topic.Send, …): it
+		// fails with that error whatever the function returned, as an
+		// agent's run does (Agent.Run).
+		if err == nil {
+			err = ferr
+		} else {
+			err = errors.Join(ferr, err)
+		}
+	}
 	if err == nil {
 		// A Cron timer's last firing is written by the firing itself: it
 		// is committed exactly when the firing's effects are.
@@ -176,6 +187,7 @@ type Tick struct {
 	handle    // links table writes and sends to the worker (evbind)
 	partition int32
 	env       *table.Env
+	failed    failure // the first failed write or send (evbind.Binder.Fail)
 
 	mu      sync.Mutex
 	open    bool          // the function is running; guarded by mu
@@ -204,6 +216,12 @@ func (b *tickBinder) Env() *table.Env { return b.env }
 
 // BindPersist implements evbind.Binder.
 func (b *tickBinder) BindPersist() (func(error), bool) { return (*Tick)(b).bindPersist() }
+
+// Fail implements evbind.Binder: it records err as the firing's failure.
+func (b *tickBinder) Fail(err error) { b.failed.set(err) }
+
+// Failed implements evbind.Binder.
+func (b *tickBinder) Failed() error { return b.failed.get() }
 
 // InWindow reports whether the timer function is still running (table
 // writes check it).

@@ -128,14 +128,32 @@ func (t *Topic[K, V]) Codecs() (codec.Codec[K], codec.Codec[V]) { return t.kc, t
 
 // Send produces one record to the topic as a sink of the event ev: the source
 // record of ev is not committed before the broker acknowledged this record.
-// Errors: the encoding errors of the codecs, table.ErrOutsideWindow when ev's
-// window is closed, table.ErrNotRunning outside a worker, a
-// *table.UndeclaredError when ev's agent did not declare the topic
-// (agent.SendsTo).
-func (t *Topic[K, V]) Send(ev table.Event, key K, value V) error {
+// A send that fails fails the event, as a table write does (package table,
+// "Writes fail the event"): the agent's stream yields no further event,
+// Stream.Err returns the error, and the agent fails with it by its error
+// policy even if its function returns nil. Use TrySend to handle the error
+// instead.
+func (t *Topic[K, V]) Send(ev table.Event, key K, value V) {
+	if err := t.TrySend(ev, key, value); err != nil {
+		evbind.Fail[*table.Env](ev, err)
+	}
+}
+
+// TrySend is Send returning the error instead of failing the event. Errors:
+// table.ErrNotRunning outside a worker, table.ErrEventFailed after a failed
+// write of the event's run, the encoding errors of the codecs,
+// table.ErrOutsideWindow when ev's window is closed, a *table.UndeclaredError
+// when ev's agent did not declare the topic (agent.SendsTo), the producer's
+// refusal.
+// The broker's answer comes later: a delivery error fails the event's record
+// whichever variant sent it.
+func (t *Topic[K, V]) TrySend(ev table.Event, key K, value V) error {
 	env := envOf(ev)
 	if env == nil || env.Send == nil {
 		return fmt.Errorf("send to %s: %w", t.name, table.ErrNotRunning)
+	}
+	if ferr := evbind.Failed[*table.Env](ev); ferr != nil {
+		return fmt.Errorf("send to %s: %w: %w", t.name, table.ErrEventFailed, ferr)
 	}
 	kb, err := encodeView(t.kc, key)
 	if err != nil {
@@ -143,7 +161,7 @@ func (t *Topic[K, V]) Send(ev table.Event, key K, value V) error {
 	}
 	vb, err := encodeView(t.vc, value)
 	if err != nil {
-		return fmt.Errorf("send to %s: encode value: %w", t.name, err)
+		return fmt.Errorf("send to %s: encode value (key %v): %w", t.name, key, err)
 	}
 	return t.sendBytes(ev, kb, vb)
 }

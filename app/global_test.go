@@ -63,12 +63,8 @@ func newGlobalApp(t *testing.T, id string) *globalApp {
 			if err != nil {
 				return err
 			}
-			if err := g.latest.Set(ev, ev.Key, n); err != nil {
-				return err
-			}
-			if _, err := g.counts.Update(ev, ev.Key, func(c int64) int64 { return c + 1 }); err != nil {
-				return err
-			}
+			g.latest.Put(ev, ev.Key, n)
+			g.counts.Update(ev, ev.Key, func(c int64) int64 { return c + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(g.counts, g.latest))

@@ -56,16 +56,14 @@ func newJoinApp(t *testing.T, id string, opts ...app.Option) *app.App {
 		})
 	agent.New(a, "customers", customers, func(ctx context.Context, s *agent.Stream[string, customer]) error {
 		for ev := range s.Events() {
-			if err := names.Set(ev, ev.Key, ev.Value.Name); err != nil {
-				return err
-			}
+			names.Put(ev, ev.Key, ev.Value.Name)
 		}
 		return s.Err()
 	}, agent.WritesTo(names))
 	agent.New(a, "orders", orders, func(ctx context.Context, s *agent.Stream[string, order]) error {
 		for ev := range s.Events() {
 			at := ev.Timestamp().UTC().Format(time.RFC3339Nano)
-			if _, err := totals.Update(ev, ev.Key, func(o orderSum) orderSum {
+			if _, err := totals.TryUpdate(ev, ev.Key, func(o orderSum) orderSum {
 				o.Total += ev.Value.Amount
 				if at > o.Last {
 					o.Last = at
@@ -74,9 +72,7 @@ func newJoinApp(t *testing.T, id string, opts ...app.Option) *app.App {
 			}); err != nil {
 				return err
 			}
-			if _, err := daily.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			daily.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(totals, daily))

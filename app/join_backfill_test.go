@@ -177,9 +177,7 @@ func TestLookupAfterRestoreAndBeforeRow(t *testing.T) {
 	profiles := table.New(a, "profiles", codec.String(), codec.String())
 	agent.New(a, "set-profile", profilesIn, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if err := profiles.Set(ev, ev.Key, ev.Value); err != nil {
-				return err
-			}
+			profiles.Put(ev, ev.Key, ev.Value)
 		}
 		return s.Err()
 	}, agent.WritesTo(profiles))
@@ -190,15 +188,11 @@ func TestLookupAfterRestoreAndBeforeRow(t *testing.T) {
 				return err
 			}
 			if ok {
-				if err := inner.Send(ev, ev.Key, ev.Value+"|"+p); err != nil {
-					return err
-				}
+				inner.Send(ev, ev.Key, ev.Value+"|"+p)
 			} else {
 				p = "-"
 			}
-			if err := left.Send(ev, ev.Key, ev.Value+"|"+p); err != nil {
-				return err
-			}
+			left.Send(ev, ev.Key, ev.Value+"|"+p)
 		}
 		return s.Err()
 	}, agent.Lookup(profiles), agent.SendsTo(inner, left))

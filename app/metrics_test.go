@@ -50,9 +50,7 @@ func newOpsApp(t *testing.T, id string, opts ...app.Option) *opsApp {
 	o.counts = table.New(o.app, "counts", codec.String(), codec.DecimalInt64())
 	agent.New(o.app, "count", o.words, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if _, err := o.counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			o.counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(o.counts))
@@ -65,9 +63,7 @@ func newOpsApp(t *testing.T, id string, opts ...app.Option) *opsApp {
 			if ev.Value == "poison" {
 				return errors.New("poison")
 			}
-			if err := o.out.Send(ev, ev.Key, ev.Value); err != nil {
-				return err
-			}
+			o.out.Send(ev, ev.Key, ev.Value)
 		}
 		return s.Err()
 	}, agent.SendsTo(o.out))

@@ -45,16 +45,12 @@ func crashApp(id string, brokers []string, block string) (*App, *agent.Topic[str
 	sink := Topic(a, "sink", codec.String(), codec.String(), Partitions(1))
 	agent.New(a, "twice", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if err := sink.Send(ev, ev.Key, ev.Value+"-a"); err != nil {
-				return err
-			}
+			sink.Send(ev, ev.Key, ev.Value+"-a")
 			if ev.Value == block {
 				<-ctx.Done() // the process is killed here
 				return ctx.Err()
 			}
-			if err := sink.Send(ev, ev.Key, ev.Value+"-b"); err != nil {
-				return err
-			}
+			sink.Send(ev, ev.Key, ev.Value+"-b")
 		}
 		return s.Err()
 	}, agent.SendsTo(sink))

@@ -263,9 +263,7 @@ func TestRecordFailsTwiceThenSucceeds(t *testing.T) {
 			if seen.inc(ev.Value) <= 2 && ev.Value == "v2" {
 				return fmt.Errorf("transient failure on %s", ev.Value)
 			}
-			if err := f.sink.Send(ev, ev.Key, ev.Value); err != nil {
-				return err
-			}
+			f.sink.Send(ev, ev.Key, ev.Value)
 		}
 		return s.Err()
 	}, agent.SendsTo(f.sink))
@@ -303,9 +301,7 @@ func TestPoisonRecordIsDeadLettered(t *testing.T) {
 			if ev.Value == "poison" {
 				panic("cannot digest poison")
 			}
-			if err := f.sink.Send(ev, ev.Key, ev.Value); err != nil {
-				return err
-			}
+			f.sink.Send(ev, ev.Key, ev.Value)
 		}
 		return s.Err()
 	}, agent.SendsTo(f.sink))
@@ -362,9 +358,7 @@ func TestTwoAgentsOneSlow(t *testing.T) {
 	agent.New(f.app, "fast", f.in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
 			fast.inc(ev.Value)
-			if err := f.sink.Send(ev, ev.Key, ev.Value); err != nil {
-				return err
-			}
+			f.sink.Send(ev, ev.Key, ev.Value)
 			if ev.Offset() == n-1 {
 				close(fastDone)
 			}
@@ -381,9 +375,7 @@ func TestTwoAgentsOneSlow(t *testing.T) {
 				time.Sleep(300 * time.Millisecond)
 				committedAtHold = f.committed()
 			}
-			if err := slowSink.Send(ev, ev.Key, ev.Value); err != nil {
-				return err
-			}
+			slowSink.Send(ev, ev.Key, ev.Value)
 		}
 		return s.Err()
 	}, agent.SendsTo(slowSink))

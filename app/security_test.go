@@ -207,9 +207,7 @@ func secureCount(id string, opts ...app.Option) (*app.App, *agent.Topic[string, 
 	counts := table.New(a, "counts", codec.String(), codec.DecimalInt64())
 	agent.New(a, "count", words, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if _, err := counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(counts))

@@ -133,27 +133,21 @@ func TestGroupByAndRepartitionCountExactly(t *testing.T) {
 	letters := agent.Repartition(a, "letters", in, codec.String(), codec.DecimalInt64())
 	agent.New(a, "count-colors", byColor, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if _, err := colorCounts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			colorCounts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(colorCounts))
 	agent.New(a, "split-letters", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
 			for _, r := range strings.SplitN(ev.Value, "#", 2)[0] {
-				if err := letters.Send(ev, string(r), 1); err != nil {
-					return err
-				}
+				letters.Send(ev, string(r), 1)
 			}
 		}
 		return s.Err()
 	}, agent.SendsTo(letters))
 	agent.New(a, "count-letters", letters, func(ctx context.Context, s *agent.Stream[string, int64]) error {
 		for ev := range s.Events() {
-			if _, err := letterCounts.Update(ev, ev.Key, func(n int64) int64 { return n + ev.Value }); err != nil {
-				return err
-			}
+			letterCounts.Update(ev, ev.Key, func(n int64) int64 { return n + ev.Value })
 		}
 		return s.Err()
 	}, agent.WritesTo(letterCounts))
@@ -249,25 +243,21 @@ func TestWallClockTimerWritesAndSends(t *testing.T) {
 	tickKey := wordPerPartition("tick")
 	agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if _, err := counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.Every(20*time.Millisecond, agent.WallClock, func(ctx context.Context, tk *agent.Tick) error {
 		p := tk.Partition()
-		n, err := ticks.Update(tk, tickKey[p], func(n int64) int64 { return n + 1 })
+		n, err := ticks.TryUpdate(tk, tickKey[p], func(n int64) int64 { return n + 1 })
 		if err != nil {
 			return err
 		}
-		if err := firings.Send(tk, tickKey[p], n); err != nil {
-			return err
-		}
+		firings.Send(tk, tickKey[p], n)
 		c, ok, err := counts.Get(tk, word[p])
 		if err != nil || !ok {
 			return err
 		}
-		return snapshots.Send(tk, word[p], c)
+		return snapshots.TrySend(tk, word[p], c)
 	}), agent.WritesTo(counts, ticks), agent.SendsTo(firings, snapshots))
 	if g, err := a.Topology(); err != nil || !strings.Contains(fmt.Sprint(g.Agents), "every 20ms wall-clock") {
 		t.Fatalf("topology %+v, %v: the timer is not shown", g.Agents, err)
@@ -344,10 +334,8 @@ func TestStreamTimeTimerFiresEveryInterval(t *testing.T) {
 		return s.Err()
 	}, agent.Every(time.Hour, agent.StreamTime, func(ctx context.Context, tk *agent.Tick) error {
 		at := tk.Time.UTC().Format(time.RFC3339)
-		if err := last.Set(tk, word[tk.Partition()], at); err != nil {
-			return err
-		}
-		return fired.Send(tk, word[tk.Partition()], at)
+		last.Put(tk, word[tk.Partition()], at)
+		return fired.TrySend(tk, word[tk.Partition()], at)
 	}), agent.WritesTo(last), agent.SendsTo(fired))
 
 	// Partition p's records start at 07 past an hour and go 10 minutes
@@ -429,9 +417,7 @@ func TestFailingTimerRestartsPartition(t *testing.T) {
 	var failures atomic.Int32 // the timer of partition 0 fails twice, once it saw a count
 	agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if _, err := counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.Every(20*time.Millisecond, agent.WallClock, func(ctx context.Context, tk *agent.Tick) error {
@@ -442,9 +428,7 @@ func TestFailingTimerRestartsPartition(t *testing.T) {
 			return err
 		}
 		// A write the failure must drop with the cache.
-		if err := counts.Set(tk, word[0], -1000); err != nil {
-			return err
-		}
+		counts.Put(tk, word[0], -1000)
 		return fmt.Errorf("timer failure %d", failures.Add(1))
 	}), agent.WritesTo(counts))
 	recs, want := words(600, word...)
@@ -506,9 +490,7 @@ func TestRepartitionPurgesCommittedRecords(t *testing.T) {
 	byValue := agent.GroupBy(a, "by-value", in, codec.String(), func(ev *agent.Event[string, string]) (string, error) { return ev.Value, nil })
 	agent.New(a, "count", byValue, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if _, err := counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(counts))
@@ -666,9 +648,9 @@ func setOrDelete(tb *table.Table[string, string]) agent.Func[string, string] {
 		for ev := range s.Events() {
 			var err error
 			if ev.Value == "del" {
-				err = tb.Delete(ev, ev.Key)
+				err = tb.TryDelete(ev, ev.Key)
 			} else {
-				err = tb.Set(ev, ev.Key, ev.Value)
+				err = tb.TryPut(ev, ev.Key, ev.Value)
 			}
 			if err != nil {
 				return err

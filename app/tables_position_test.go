@@ -62,12 +62,8 @@ func newRYWApp(t *testing.T, id string) *rywApp {
 			if ev.Value == "slow" {
 				time.Sleep(rywSleep)
 			}
-			if _, err := r.counts.Update(ev, ev.Key, func(c int64) int64 { return c + 1 }); err != nil {
-				return err
-			}
-			if _, err := r.perMinute.Update(ev, ev.Key, func(c int64) int64 { return c + 1 }); err != nil {
-				return err
-			}
+			r.counts.Update(ev, ev.Key, func(c int64) int64 { return c + 1 })
+			r.perMinute.Update(ev, ev.Key, func(c int64) int64 { return c + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(r.counts), agent.WritesTo(r.perMinute))

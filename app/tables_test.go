@@ -62,23 +62,17 @@ func newCountApp(t *testing.T, id string, opts ...app.Option) *countApp {
 		for ev := range s.Events() {
 			switch {
 			case ev.Value == "del":
-				if err := c.counts.Delete(ev, ev.Key); err != nil {
-					return err
-				}
+				c.counts.Delete(ev, ev.Key)
 			case strings.HasPrefix(ev.Value, "return-elsewhere:"):
-				// The agent returns the error: the record fails.
-				if err := c.counts.Set(ev, strings.TrimPrefix(ev.Value, "return-elsewhere:"), 1); err != nil {
-					return err
-				}
+				// The write fails the event (the agent returns nil).
+				c.counts.Put(ev, strings.TrimPrefix(ev.Value, "return-elsewhere:"), 1)
 			case len(ev.Value) > 10 && ev.Value[:10] == "elsewhere:":
-				err := c.counts.Set(ev, ev.Value[10:], 1)
+				err := c.counts.TryPut(ev, ev.Value[10:], 1)
 				c.mu.Lock()
 				c.errs = append(c.errs, err)
 				c.mu.Unlock()
 			default:
-				if _, err := c.counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-					return err
-				}
+				c.counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 			}
 		}
 		return s.Err()

@@ -70,12 +70,8 @@ func newFenceApp(t *testing.T, id string, opts ...app.Option) *fenceApp {
 			if f.delay > 0 {
 				time.Sleep(f.delay)
 			}
-			if _, err := f.counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
-			if err := f.out.Send(ev, ev.Key, ev.Value+"-a"); err != nil {
-				return err
-			}
+			f.counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
+			f.out.Send(ev, ev.Key, ev.Value+"-a")
 			if ev.Value == f.stallValue && f.stalled.Add(1) == 1 {
 				select {
 				case <-time.After(f.stall):
@@ -83,9 +79,7 @@ func newFenceApp(t *testing.T, id string, opts ...app.Option) *fenceApp {
 					return ctx.Err()
 				}
 			}
-			if err := f.out.Send(ev, ev.Key, ev.Value+"-b"); err != nil {
-				return err
-			}
+			f.out.Send(ev, ev.Key, ev.Value+"-b")
 		}
 		return s.Err()
 	}, agent.WritesTo(f.counts), agent.SendsTo(f.out))

@@ -186,12 +186,8 @@ func newAuditApp(topic string, once *SQLOnce, delay time.Duration, db *downDB) *
 	a.runner = agent.New(h, "audit-changes", events, func(ctx context.Context, s *agent.Stream[string, change]) error {
 		for ev := range s.Events() {
 			c := ev.Value
-			if _, err := perActor.Update(ev, c.Actor, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
-			if err := notifications.Send(ev, c.Actor, "change "+c.EventID); err != nil {
-				return err
-			}
+			perActor.Update(ev, c.Actor, func(n int64) int64 { return n + 1 })
+			notifications.Send(ev, c.Actor, "change "+c.EventID)
 			if _, err := notify.Apply(ev, func() (bool, error) { a.notified.Add(1); return true, nil }); err != nil {
 				return err
 			}

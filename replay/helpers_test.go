@@ -155,9 +155,7 @@ func newProbe(topic string, partitions int32, opts ...agent.Option) *probe {
 			}); err != nil {
 				return err
 			}
-			if err := out.Send(ev, ev.Key, ev.Value); err != nil {
-				return err
-			}
+			out.Send(ev, ev.Key, ev.Value)
 			_, err := pr.audit.Apply(ev, func() (bool, error) {
 				if pr.block {
 					<-ctx.Done()

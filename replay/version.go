@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/evbind"
 	"github.com/runnel-dev/runnel/table"
 )
 
@@ -96,7 +97,7 @@ func (c versionedCodec[V]) Name() string { return "versioned(" + c.inner.Name() 
 
 // NewVersionedTable declares a table of versioned values (table.New with
 // VersionedCodec(vc)). Write it with SetVersion and DeleteVersion; a plain
-// Set bypasses the guard.
+// Put bypasses the guard.
 func NewVersionedTable[K any, V any](h table.Host, name string, kc codec.Codec[K], vc codec.Codec[V], opts ...table.Option) *table.Table[K, Versioned[V]] {
 	return table.New(h, name, kc, VersionedCodec(vc), opts...)
 }
@@ -106,17 +107,42 @@ func NewVersionedTable[K any, V any](h table.Host, name string, kc codec.Codec[K
 // whether it wrote. An equal version is refused: the redelivery of the event
 // that wrote it changes nothing, and of two different events claiming one
 // version the first processed wins. The write goes to the current commit
-// cycle of ev's partition like table.Table.Set; errors are the table's
-// (codecs, ErrNotCoPartitioned, ErrNotActive, ErrOutsideWindow).
-func SetVersion[K any, V any](ev table.Event, t *table.Table[K, Versioned[V]], key K, version int64, value V) (bool, error) {
+// cycle of ev's partition like table.Table.Put, and like it, a failure (the
+// read's or the write's) fails the event (package table, "Writes fail the
+// event"); use TrySetVersion to handle the error instead.
+func SetVersion[K any, V any](ev table.Event, t *table.Table[K, Versioned[V]], key K, version int64, value V) bool {
+	applied, err := TrySetVersion(ev, t, key, version, value)
+	failOn(ev, err)
+	return applied
+}
+
+// TrySetVersion is SetVersion returning the error instead of failing the
+// event: the table's (codecs, ErrNotCoPartitioned, ErrNotActive,
+// ErrOutsideWindow, ErrEventFailed).
+func TrySetVersion[K any, V any](ev table.Event, t *table.Table[K, Versioned[V]], key K, version int64, value V) (bool, error) {
 	return guarded(ev, t, key, Versioned[V]{Version: version, Value: value})
 }
 
 // DeleteVersion deletes key at version, leaving a versioned tombstone (see
 // Versioned), unless the table holds key at an equal or newer version; it
-// reports whether it wrote.
-func DeleteVersion[K any, V any](ev table.Event, t *table.Table[K, Versioned[V]], key K, version int64) (bool, error) {
+// reports whether it wrote. A failure fails the event, as SetVersion's does.
+func DeleteVersion[K any, V any](ev table.Event, t *table.Table[K, Versioned[V]], key K, version int64) bool {
+	applied, err := TryDeleteVersion(ev, t, key, version)
+	failOn(ev, err)
+	return applied
+}
+
+// TryDeleteVersion is DeleteVersion returning the error instead of failing
+// the event.
+func TryDeleteVersion[K any, V any](ev table.Event, t *table.Table[K, Versioned[V]], key K, version int64) (bool, error) {
 	return guarded(ev, t, key, Versioned[V]{Version: version, Deleted: true})
+}
+
+// failOn fails ev's run with err (nil: nothing), as table.Table.Put does.
+func failOn(ev table.Event, err error) {
+	if err != nil {
+		evbind.Fail[*table.Env](ev, err)
+	}
 }
 
 // GetVersion returns key's value and version; exists is false when the key
@@ -147,7 +173,7 @@ func guarded[K any, V any](ev table.Event, t *table.Table[K, Versioned[V]], key 
 		return false, nil
 	}
 	applied := false
-	_, err = t.Update(ev, key, func(old Versioned[V]) Versioned[V] {
+	_, err = t.TryUpdate(ev, key, func(old Versioned[V]) Versioned[V] {
 		if old.stored && old.Version >= nv.Version {
 			return old
 		}

@@ -71,14 +71,10 @@ func buildVersionApp(id, failOn string) *versionApp {
 	agent.New(a, "apply", v.updates, func(ctx context.Context, s *agent.Stream[string, update]) error {
 		for ev := range s.Events() {
 			u := ev.Value
-			var err error
 			if u.Delete {
-				_, err = replay.DeleteVersion(ev, v.state, ev.Key, u.Version)
+				replay.DeleteVersion(ev, v.state, ev.Key, u.Version)
 			} else {
-				_, err = replay.SetVersion(ev, v.state, ev.Key, u.Version, u.Value)
-			}
-			if err != nil {
-				return err
+				replay.SetVersion(ev, v.state, ev.Key, u.Version, u.Value)
 			}
 			if u.Value == failOn && failed.CompareAndSwap(false, true) {
 				return errors.New("injected failure after the write")

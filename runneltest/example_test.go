@@ -22,12 +22,8 @@ func Example() {
 	perUser := table.New(a, "views-per-user", codec.String(), codec.DecimalInt64())
 	agent.New(a, "count", views, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if _, err := perUser.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
-			if err := audit.Send(ev, ev.Key, ev.Value); err != nil {
-				return err
-			}
+			perUser.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
+			audit.Send(ev, ev.Key, ev.Value)
 		}
 		return s.Err()
 	}, agent.WritesTo(perUser), agent.SendsTo(audit))

@@ -39,18 +39,14 @@ func buildWordCount(opts ...app.Option) *wordCount {
 				continue
 			}
 			for _, word := range strings.Fields(ev.Value) {
-				if err := w.words.Send(ev, word, ev.Key); err != nil {
-					return err
-				}
+				w.words.Send(ev, word, ev.Key)
 			}
 		}
 		return s.Err()
 	}, agent.SendsTo(w.words))
 	agent.New(a, "count", w.words, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if _, err := w.counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			w.counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(w.counts))
@@ -201,9 +197,7 @@ func TestEventAccessors(t *testing.T) {
 			h, ok := ev.Header("h")
 			v := fmt.Sprintf("%s[%d]@%d %s h=%s/%t headers=%d raw=%s", ev.Topic(), ev.Partition(), ev.Offset(),
 				ev.Timestamp().UTC().Format(time.RFC3339), h, ok, len(ev.Headers()), ev.RawKey())
-			if err := out.Send(ev, ev.Key, v); err != nil {
-				return err
-			}
+			out.Send(ev, ev.Key, v)
 		}
 		return s.Err()
 	}, agent.SendsTo(out))
@@ -298,13 +292,11 @@ func TestEmitOnClose(t *testing.T) {
 	perHour := table.NewWindowed(a, "per-hour", codec.String(), codec.DecimalInt64(), table.Tumbling(time.Hour),
 		table.Grace(5*time.Minute),
 		table.EmitOnClose(func(ev table.Event, key string, w table.Window, n int64) error {
-			return out.Send(ev, key, fmt.Sprintf("%s %d", w.Start.UTC().Format("15:04"), n))
+			return out.TrySend(ev, key, fmt.Sprintf("%s %d", w.Start.UTC().Format("15:04"), n))
 		}))
 	agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if _, err := perHour.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			perHour.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.SendsTo(out), agent.WritesTo(perHour))
@@ -341,7 +333,7 @@ func TestCompute(t *testing.T) {
 	open := table.New(a, "open", codec.String(), codec.String())
 	agent.New(a, "sessions", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			_, _, err := open.Compute(ev, ev.Key, func(old string, found bool) (string, bool) {
+			_, _, err := open.TryCompute(ev, ev.Key, func(old string, found bool) (string, bool) {
 				switch {
 				case ev.Value == "logout":
 					return "", false
@@ -402,12 +394,12 @@ func TestUndeclaredWriteAndSendAreRefused(t *testing.T) {
 			counts := table.New(a, "counts", codec.String(), codec.DecimalInt64())
 			agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 				for ev := range s.Events() {
+					// The short forms fail the event with the error: the
+					// stream ends and Err returns it.
 					if tc.write {
-						if _, err := counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-							return err
-						}
-					} else if err := out.Send(ev, ev.Key, ev.Value); err != nil {
-						return err
+						counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
+					} else {
+						out.Send(ev, ev.Key, ev.Value)
 					}
 				}
 				return s.Err()
@@ -446,7 +438,8 @@ func TestUndeclaredSendOfTimerIsRefused(t *testing.T) {
 		}
 		return s.Err()
 	}, agent.Every(20*time.Millisecond, agent.WallClock, func(ctx context.Context, tk *agent.Tick) error {
-		return ticks.Send(tk, "k", tk.Time.String())
+		ticks.Send(tk, "k", tk.Time.String()) // fails the firing with the error
+		return nil
 	})) // no agent.SendsTo(ticks)
 	d, err := runneltest.Start(a, runneltest.Options{Timeout: 20 * time.Second})
 	if err != nil {

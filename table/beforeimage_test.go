@@ -84,7 +84,7 @@ func TestBeforeImageReadOnce(t *testing.T) {
 	k, k2 := keyOf(p, 0), keyOf(p, 1)
 	inc := func(key string) {
 		t.Helper()
-		if _, err := counts.Update(ev, key, func(n int64) int64 { return n + 1 }); err != nil {
+		if _, err := counts.TryUpdate(ev, key, func(n int64) int64 { return n + 1 }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -115,14 +115,14 @@ func TestBeforeImageReadOnce(t *testing.T) {
 	if _, _, err := counts.Get(ev, k2); err != nil { // miss: absent
 		t.Fatal(err)
 	}
-	if err := counts.Set(ev, k2, 7); err != nil {
+	if err := counts.TryPut(ev, k2, 7); err != nil {
 		t.Fatal(err)
 	}
 	cycle(t, s, p)
 	if got, want := log.recs[k2], "7 before absent"; got != want {
 		t.Errorf("cycle 3: %s = %q, want %q", k2, got, want)
 	}
-	if err := counts.Set(ev, k2, 8); err != nil {
+	if err := counts.TryPut(ev, k2, 8); err != nil {
 		t.Fatal(err)
 	}
 	cycle(t, s, p)
@@ -135,11 +135,11 @@ func TestBeforeImageReadOnce(t *testing.T) {
 	if _, _, err := counts.Get(ev, k); err != nil { // miss: 3 in the store
 		t.Fatal(err)
 	}
-	if err := counts.Set(ev, k, 10); err != nil { // takes the read: before 3
+	if err := counts.TryPut(ev, k, 10); err != nil { // takes the read: before 3
 		t.Fatal(err)
 	}
-	f := s.Cut(p)                                 // k flushing
-	if err := counts.Set(ev, k, 11); err != nil { // k in the flushing layer: no before kept
+	f := s.Cut(p)                                    // k flushing
+	if err := counts.TryPut(ev, k, 11); err != nil { // k in the flushing layer: no before kept
 		t.Fatal(err)
 	}
 	if err := f.Send(nil); err != nil {

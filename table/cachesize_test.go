@@ -35,7 +35,7 @@ func TestCacheSize(t *testing.T) {
 	k0, k1 := keyOf(p, 0), keyOf(p, 1)
 	set := func(k, v string) {
 		t.Helper()
-		if err := counts.Set(ev, k, v); err != nil {
+		if err := counts.TryPut(ev, k, v); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -45,7 +45,7 @@ func TestCacheSize(t *testing.T) {
 	want("two keys", 2, len(k0)+3+64+len(k1)+1+64)
 	set(k0, "abcdefgh") // an overwrite replaces the old value's bytes
 	want("overwrite", 2, len(k0)+8+64+len(k1)+1+64)
-	if err := counts.Delete(ev, k1); err != nil {
+	if err := counts.TryDelete(ev, k1); err != nil {
 		t.Fatal(err)
 	}
 	want("delete", 2, len(k0)+8+64+len(k1)+64)
@@ -74,7 +74,7 @@ func TestCacheSize(t *testing.T) {
 	if err := gs.Activate(p); err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Set(gev, k0, "abc"); err != nil {
+	if err := g.TryPut(gev, k0, "abc"); err != nil {
 		t.Fatal(err)
 	}
 	if e, b := gs.CacheSize(p); e != 1 || b != len(k0)+3+64 {

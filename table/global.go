@@ -135,10 +135,14 @@ func (t *GlobalTable[K, V]) Lookup(ctx context.Context, key K) (V, bool, error) 
 	return t.read(s, key)
 }
 
-// Set writes value under key in ev's partition's current commit cycle. The
+// Put writes value under key in ev's partition's current commit cycle. The
 // key must belong to ev's partition (ErrNotCoPartitioned), and this worker
-// must own the partition (ErrNotActive).
-func (t *GlobalTable[K, V]) Set(ev Event, key K, value V) error {
+// must own the partition (ErrNotActive). A failure fails the event, as
+// Table.Put's does; use TryPut to handle the error instead.
+func (t *GlobalTable[K, V]) Put(ev Event, key K, value V) { failOn(ev, t.TryPut(ev, key, value)) }
+
+// TryPut is Put returning the write's error instead of failing the event.
+func (t *GlobalTable[K, V]) TryPut(ev Event, key K, value V) error {
 	return setKey[K, V](t, ev, key, value)
 }
 
@@ -146,20 +150,40 @@ func (t *GlobalTable[K, V]) Set(ev Event, key K, value V) error {
 // when the key is absent, and returns the new value. The write goes to ev's
 // partition's current commit cycle.
 // Like Table.Update, the read and the write are one step for the partition,
-// and fn must not use the same table.
-func (t *GlobalTable[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
+// fn must not use the same table, and a failure fails the event (TryUpdate
+// returns it instead).
+func (t *GlobalTable[K, V]) Update(ev Event, key K, fn func(old V) V) V {
+	v, err := t.TryUpdate(ev, key, fn)
+	failOn(ev, err)
+	return v
+}
+
+// TryUpdate is Update returning the error instead of failing the event.
+func (t *GlobalTable[K, V]) TryUpdate(ev Event, key K, fn func(old V) V) (V, error) {
 	return updateKey[K, V](t, ev, key, fn)
 }
 
 // Compute sets, keeps or deletes key by what fn returns for its current
-// value, as Table.Compute does.
-func (t *GlobalTable[K, V]) Compute(ev Event, key K, fn func(old V, found bool) (V, bool)) (V, bool, error) {
+// value, as Table.Compute does; a failure fails the event (TryCompute
+// returns it instead).
+func (t *GlobalTable[K, V]) Compute(ev Event, key K, fn func(old V, found bool) (V, bool)) (V, bool) {
+	v, ok, err := t.TryCompute(ev, key, fn)
+	failOn(ev, err)
+	return v, ok
+}
+
+// TryCompute is Compute returning the error instead of failing the event.
+func (t *GlobalTable[K, V]) TryCompute(ev Event, key K, fn func(old V, found bool) (V, bool)) (V, bool, error) {
 	return computeKey[K, V](t, ev, key, fn)
 }
 
 // Delete removes key (a tombstone in the changelog) in ev's partition's
-// current commit cycle.
-func (t *GlobalTable[K, V]) Delete(ev Event, key K) error { return deleteKey[K, V](t, ev, key) }
+// current commit cycle; a failure fails the event (TryDelete returns it
+// instead).
+func (t *GlobalTable[K, V]) Delete(ev Event, key K) { failOn(ev, t.TryDelete(ev, key)) }
+
+// TryDelete is Delete returning the error instead of failing the event.
+func (t *GlobalTable[K, V]) TryDelete(ev Event, key K) error { return deleteKey[K, V](t, ev, key) }
 
 // writer implements writable.
 func (t *GlobalTable[K, V]) writer(ev Event) (partitionWriter, error) {

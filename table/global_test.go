@@ -24,10 +24,11 @@ func (h *host) RegisterTable(d table.Def) { h.defs = append(h.defs, d) }
 // runtime is env; done collects the outcome of every bound write.
 type event struct {
 	evHandle
-	p    int32
-	env  *table.Env
-	mu   sync.Mutex
-	outs []error
+	p      int32
+	env    *table.Env
+	mu     sync.Mutex
+	outs   []error
+	failed error // the first failure of a write that returns no error
 }
 
 // evHandle links the event to its runtime as a worker's events are linked.
@@ -44,6 +45,14 @@ func (e *event) Env() *table.Env  { return e.env }
 func (e *event) BindPersist() (func(error), bool) {
 	return func(err error) { e.mu.Lock(); e.outs = append(e.outs, err); e.mu.Unlock() }, true
 }
+func (e *event) Fail(err error) {
+	e.mu.Lock()
+	if e.failed == nil {
+		e.failed = err
+	}
+	e.mu.Unlock()
+}
+func (e *event) Failed() error { e.mu.Lock(); defer e.mu.Unlock(); return e.failed }
 
 // producer holds changelog records until the test acknowledges them, so the
 // test controls the order of acknowledgements and follower batches.
@@ -91,7 +100,7 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 	env := &table.Env{Globals: map[string]*table.GlobalState{"g": gs}}
 	ev := newEvent(&event{p: 1, env: env})
 	k := keyOf(1, 0)
-	if err := g.Set(ev, k, 1); !errors.Is(err, table.ErrNotActive) {
+	if err := g.TryPut(ev, k, 1); !errors.Is(err, table.ErrNotActive) {
 		t.Fatalf("Set before Activate: %v, want ErrNotActive", err)
 	}
 	if err := gs.Activate(1); err != nil {
@@ -142,7 +151,7 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 	}
 
 	// Ack first, then the follower.
-	if err := g.Set(ev, k, 10); err != nil {
+	if err := g.TryPut(ev, k, 10); err != nil {
 		t.Fatal(err)
 	}
 	get(10, true)
@@ -167,7 +176,7 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 	get(10, true)
 
 	// The follower first (it fetched the record before the ack arrived).
-	if _, err := g.Update(ev, k, func(n int64) int64 { return n + 1 }); err != nil {
+	if _, err := g.TryUpdate(ev, k, func(n int64) int64 { return n + 1 }); err != nil {
 		t.Fatal(err)
 	}
 	get(11, true)
@@ -181,7 +190,7 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 	}
 
 	// A failed cycle is dropped; the replica's value shows again.
-	if err := g.Delete(ev, k); err != nil {
+	if err := g.TryDelete(ev, k); err != nil {
 		t.Fatal(err)
 	}
 	get(0, false)
@@ -194,7 +203,7 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 	get(11, true)
 	// A write dropped with the cache (a failed record's partition restarts)
 	// is gone too.
-	if err := g.Set(ev, k, 99); err != nil {
+	if err := g.TryPut(ev, k, 99); err != nil {
 		t.Fatal(err)
 	}
 	get(99, true)
@@ -202,7 +211,7 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 	get(11, true)
 
 	// A key of another partition is not the event's to write.
-	if err := g.Set(ev, keyOf(2, 0), 1); !errors.Is(err, table.ErrNotCoPartitioned) {
+	if err := g.TryPut(ev, keyOf(2, 0), 1); !errors.Is(err, table.ErrNotCoPartitioned) {
 		t.Fatalf("Set of a key of partition 2 from partition 1: %v, want ErrNotCoPartitioned", err)
 	}
 	// Reads of any partition are fine: the replica holds them all.
@@ -235,7 +244,7 @@ func TestGlobalOwnWritesUntilApplied(t *testing.T) {
 		t.Fatalf("WaitApplied on an empty partition: %v", err)
 	}
 	gs.Deactivate(1)
-	if err := g.Set(ev, k, 1); !errors.Is(err, table.ErrNotActive) {
+	if err := g.TryPut(ev, k, 1); !errors.Is(err, table.ErrNotActive) {
 		t.Fatalf("Set after Deactivate: %v, want ErrNotActive", err)
 	}
 }
@@ -247,7 +256,7 @@ func TestGlobalWithoutWorker(t *testing.T) {
 	if _, _, err := g.Lookup(context.Background(), "k"); !errors.Is(err, table.ErrNotRunning) {
 		t.Fatalf("Lookup: %v", err)
 	}
-	if err := g.Set(newEvent(&event{}), "k", "v"); !errors.Is(err, table.ErrNotRunning) {
+	if err := g.TryPut(newEvent(&event{}), "k", "v"); !errors.Is(err, table.ErrNotRunning) {
 		t.Fatalf("Set: %v", err)
 	}
 	if b, err := g.QueryKey("abc"); err != nil || string(b) != "abc" {

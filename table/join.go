@@ -120,7 +120,7 @@ type JoinDef interface {
 
 // Join declares the table name that holds, for every key, joiner(left's
 // value, right's value) according to kind: a Kafka Streams table-table
-// join. Every write to left or right (Set, Update, Delete) recomputes the
+// join. Every write to left or right (Put, Update, Compute, Delete) recomputes the
 // key's joined value in the same commit cycle as the write, so the joined
 // table, its changelog and the two tables are always committed together;
 // when the kind no longer keeps the key (InnerJoin: one side deleted;
@@ -170,7 +170,7 @@ func Join[K any, VL any, VR any, VO any](h Host, name string, kind JoinKind, lef
 			keep = l.OK || r.OK
 		}
 		if keep && !onlyChanged {
-			return true, j.Set(ev, key, joiner(l, r))
+			return true, j.TryPut(ev, key, joiner(l, r))
 		}
 		cur, had, err := j.Get(ev, key)
 		if err != nil {
@@ -179,16 +179,16 @@ func Join[K any, VL any, VR any, VO any](h Host, name string, kind JoinKind, lef
 		if keep {
 			v := joiner(l, r)
 			if had {
-				if same, err := j.sameValue(cur, v); err != nil || same {
+				if same, err := j.sameValue(key, cur, v); err != nil || same {
 					return false, err
 				}
 			}
-			return true, j.Set(ev, key, v)
+			return true, j.TryPut(ev, key, v)
 		}
 		if !had {
 			return false, nil
 		}
-		return true, j.Delete(ev, key)
+		return true, j.TryDelete(ev, key)
 	}
 	onWrite := func(ev Event, key K) error {
 		_, err := recompute(ev, key, false)
@@ -234,12 +234,12 @@ func Join[K any, VL any, VR any, VO any](h Host, name string, kind JoinKind, lef
 
 // sameValue reports whether a and b encode to the same bytes (the joined
 // table's value would not change).
-func (j *Joined[K, VO]) sameValue(a, b VO) (bool, error) {
-	ab, err := j.encodeValue(a)
+func (j *Joined[K, VO]) sameValue(key K, a, b VO) (bool, error) {
+	ab, err := j.encodeValue(key, a)
 	if err != nil {
 		return false, err
 	}
-	bb, err := j.encodeValue(b)
+	bb, err := j.encodeValue(key, b)
 	if err != nil {
 		return false, err
 	}

@@ -24,7 +24,7 @@ func TestOwnedWrites(t *testing.T) {
 	const p = 1
 	ev := newEvent(&event{p: p, env: env})
 	inc := func() error {
-		_, err := counts.Update(ev, keyOf(p, 0), func(n int64) int64 { return n + 1 })
+		_, err := counts.TryUpdate(ev, keyOf(p, 0), func(n int64) int64 { return n + 1 })
 		return err
 	}
 	if err := inc(); !errors.Is(err, table.ErrNotActive) {
@@ -86,12 +86,12 @@ func TestWriteFromOtherPartitionCount(t *testing.T) {
 	key := keyOf(p, 0)
 	for _, n := range []int32{0, nparts} {
 		ev := newEvent(&event{p: p, env: &table.Env{States: map[string]*table.State{"counts": s}, Partitions: n}})
-		if _, err := counts.Update(ev, key, func(v int64) int64 { return v + 1 }); err != nil {
+		if _, err := counts.TryUpdate(ev, key, func(v int64) int64 { return v + 1 }); err != nil {
 			t.Fatalf("source with %d partitions (0: unchecked): %v", n, err)
 		}
 	}
 	ev := newEvent(&event{p: p, env: &table.Env{States: map[string]*table.State{"counts": s}, Partitions: 2 * nparts}})
-	if _, err := counts.Update(ev, key, func(v int64) int64 { return v + 1 }); !errors.Is(err, table.ErrNotCoPartitioned) {
+	if _, err := counts.TryUpdate(ev, key, func(v int64) int64 { return v + 1 }); !errors.Is(err, table.ErrNotCoPartitioned) {
 		t.Fatalf("source with %d partitions writing a %d-partition table: %v, want ErrNotCoPartitioned", 2*nparts, nparts, err)
 	}
 }
@@ -111,7 +111,7 @@ func TestComputeWrites(t *testing.T) {
 	k, absent := keyOf(p, 0), keyOf(p, 1)
 	var seen []bool
 	compute := func(key string, keep bool) (int64, bool) {
-		v, ok, err := counts.Compute(ev, key, func(n int64, found bool) (int64, bool) {
+		v, ok, err := counts.TryCompute(ev, key, func(n int64, found bool) (int64, bool) {
 			seen = append(seen, found)
 			return n + 1, keep
 		})

@@ -226,7 +226,7 @@ func (n partitionsOption) applyWindow(o *windowOptions) { o.partitions = int32(n
 // once.
 type Table[K any, V any] struct {
 	declared[K, V]
-	// watchers run after every successful Set and Delete, with the same
+	// watchers run after every successful write (Put, Delete), with the same
 	// event (the joins of the table: join.go). Set at declaration.
 	watchers []func(ev Event, key K) error
 	// joined is set on the table of a join (Join): the join writes it when
@@ -265,10 +265,12 @@ func (d *declared[K, V]) encodeKey(key K) ([]byte, error) {
 	return kb, nil
 }
 
-func (d *declared[K, V]) encodeValue(value V) ([]byte, error) {
+// encodeValue encodes the value of key (the error names both the table and
+// the key).
+func (d *declared[K, V]) encodeValue(key K, value V) ([]byte, error) {
 	vb, err := d.vc.Encode(value)
 	if err != nil {
-		return nil, fmt.Errorf("table %s: encode value: %w", d.name, err)
+		return nil, fmt.Errorf("table %s: encode value (key %v): %w", d.name, key, err)
 	}
 	return vb, nil
 }
@@ -346,10 +348,22 @@ func (t *Table[K, V]) Get(ev Event, key K) (V, bool, error) {
 	return v, true, nil
 }
 
-// Set writes value under key in the current commit cycle of ev's partition
-// (read at once; in the changelog and the store when the cycle ends).
-// Errors: the codecs', ErrNotCoPartitioned, ErrNotActive, ErrOutsideWindow.
-func (t *Table[K, V]) Set(ev Event, key K, value V) error { return setKey[K, V](t, ev, key, value) }
+// Put writes value under key in the current commit cycle of ev's partition
+// (read at once; in the changelog and the store when the cycle ends): Kafka
+// Streams' store.put, Faust's table[key] = value.
+//
+// A write that fails fails the event (see the package documentation): the
+// agent's stream yields no further event, Stream.Err returns the error, and
+// the agent fails with it by its error policy, even if its function returns
+// nil. Use TryPut to handle the error instead.
+func (t *Table[K, V]) Put(ev Event, key K, value V) { failOn(ev, t.TryPut(ev, key, value)) }
+
+// TryPut is Put returning the write's error instead of failing the event.
+// Errors: ErrNotRunning, ErrEventFailed, the codecs', ErrNotCoPartitioned,
+// ErrNotActive, ErrOutsideWindow, and those of the joins the table feeds.
+func (t *Table[K, V]) TryPut(ev Event, key K, value V) error {
+	return setKey[K, V](t, ev, key, value)
+}
 
 // Update replaces the value of key with fn(old), where old is the zero value
 // when the key is absent, and returns the new value. The write goes to the
@@ -359,7 +373,18 @@ func (t *Table[K, V]) Set(ev Event, key K, value V) error { return setKey[K, V](
 // the same table partition concurrently (several agents on one topic, or on
 // co-partitioned topics) never lose each other's updates. fn must not use the
 // same table.
-func (t *Table[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
+//
+// A read or write that fails fails the event, as Put's does; use TryUpdate
+// to handle the error instead.
+func (t *Table[K, V]) Update(ev Event, key K, fn func(old V) V) V {
+	v, err := t.TryUpdate(ev, key, fn)
+	failOn(ev, err)
+	return v
+}
+
+// TryUpdate is Update returning the error instead of failing the event.
+// Errors: Get's and TryPut's.
+func (t *Table[K, V]) TryUpdate(ev Event, key K, fn func(old V) V) (V, error) {
 	return updateKey[K, V](t, ev, key, fn)
 }
 
@@ -370,7 +395,8 @@ func (t *Table[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
 // the key (a tombstone in the changelog), or writes nothing when it was
 // absent. Compute returns the new value (the zero value when deleted) and
 // whether the key exists now. Like Update, the read and the write are one
-// step for the partition and fn must not use the same table.
+// step for the partition and fn must not use the same table; a failure fails
+// the event (TryCompute returns it instead).
 //
 //	// a session per user, deleted at logout
 //	sessions.Compute(ev, ev.Key, func(s Session, found bool) (Session, bool) {
@@ -383,13 +409,26 @@ func (t *Table[K, V]) Update(ev Event, key K, fn func(old V) V) (V, error) {
 //		s.Events++
 //		return s, true
 //	})
-func (t *Table[K, V]) Compute(ev Event, key K, fn func(old V, found bool) (V, bool)) (V, bool, error) {
+func (t *Table[K, V]) Compute(ev Event, key K, fn func(old V, found bool) (V, bool)) (V, bool) {
+	v, ok, err := t.TryCompute(ev, key, fn)
+	failOn(ev, err)
+	return v, ok
+}
+
+// TryCompute is Compute returning the error instead of failing the event.
+// Errors: Get's, TryPut's and TryDelete's.
+func (t *Table[K, V]) TryCompute(ev Event, key K, fn func(old V, found bool) (V, bool)) (V, bool, error) {
 	return computeKey[K, V](t, ev, key, fn)
 }
 
 // Delete removes key (a tombstone in the changelog) in the current commit
-// cycle of ev's partition.
-func (t *Table[K, V]) Delete(ev Event, key K) error { return deleteKey[K, V](t, ev, key) }
+// cycle of ev's partition. A failure fails the event, as Put's does; use
+// TryDelete to handle the error instead.
+func (t *Table[K, V]) Delete(ev Event, key K) { failOn(ev, t.TryDelete(ev, key)) }
+
+// TryDelete is Delete returning the error instead of failing the event.
+// Errors: those of TryPut.
+func (t *Table[K, V]) TryDelete(ev Event, key K) error { return deleteKey[K, V](t, ev, key) }
 
 // writer implements writable.
 func (t *Table[K, V]) writer(ev Event) (partitionWriter, error) {
@@ -419,6 +458,14 @@ var ErrNotActive = errors.New("partition is not active on this worker")
 // ErrOutsideWindow is returned for a write made after the agent pulled the next
 // record (or after the event was resolved): it could not be bound to its event.
 var ErrOutsideWindow = errors.New("table write outside the event's window")
+
+// ErrEventFailed is returned for a write or send made with an event whose
+// run already failed: an earlier write or send made with one of the run's
+// events (the agent's stream, the timer's firing) failed it (Put, Update,
+// Topic.Send and the other write methods that return no error). The error
+// wraps that first failure. The run ends there, so its later writes are
+// refused rather than made for an event that is redelivered or dead-lettered.
+var ErrEventFailed = errors.New("an earlier write failed the event")
 
 // Origin is the source record an event carries: where it was read from and
 // its timestamp (event time).

@@ -427,17 +427,36 @@ func (t *Windowed[K, V]) state(ev Event) (*State, error) {
 // event's time (EventTime option; default the record timestamp), bound to ev.
 // old is the zero value for a window without a value yet. It returns how
 // many windows it updated: 0 when the record is late for all of them
-// (dropped, see Windowed).
-func (t *Windowed[K, V]) Update(ev Event, key K, fn func(old V) V) (int, error) {
+// (dropped, see Windowed). A failure (the event time's, the codecs', the
+// write's, EmitOnClose's) fails the event, as Table.Put's does; use TryUpdate
+// to handle the error instead.
+func (t *Windowed[K, V]) Update(ev Event, key K, fn func(old V) V) int {
+	n, err := t.TryUpdate(ev, key, fn)
+	failOn(ev, err)
+	return n
+}
+
+// TryUpdate is Update returning the error instead of failing the event.
+func (t *Windowed[K, V]) TryUpdate(ev Event, key K, fn func(old V) V) (int, error) {
 	et, err := t.eventTime(ev)
 	if err != nil {
 		return 0, fmt.Errorf("table %s: event time: %w", t.name, err)
 	}
-	return t.UpdateAt(ev, key, et, fn)
+	return t.TryUpdateAt(ev, key, et, fn)
 }
 
 // UpdateAt is Update with the event time given explicitly.
-func (t *Windowed[K, V]) UpdateAt(ev Event, key K, at time.Time, fn func(old V) V) (int, error) {
+func (t *Windowed[K, V]) UpdateAt(ev Event, key K, at time.Time, fn func(old V) V) int {
+	n, err := t.TryUpdateAt(ev, key, at, fn)
+	failOn(ev, err)
+	return n
+}
+
+// TryUpdateAt is UpdateAt returning the error instead of failing the event.
+func (t *Windowed[K, V]) TryUpdateAt(ev Event, key K, at time.Time, fn func(old V) V) (int, error) {
+	if err := checkFailed(t.name, ev); err != nil {
+		return 0, err
+	}
 	s, err := t.state(ev)
 	if err != nil {
 		return 0, err
@@ -462,7 +481,7 @@ func (t *Windowed[K, V]) UpdateAt(ev Event, key K, at time.Time, fn func(old V) 
 		}
 		b, err := t.vc.Encode(fn(ov))
 		if err != nil {
-			return nil, fmt.Errorf("table %s: encode value: %w", t.name, err)
+			return nil, fmt.Errorf("table %s: encode value (key %v): %w", t.name, key, err)
 		}
 		return b, nil
 	})

@@ -83,9 +83,7 @@ func newWeekApp(id string, grace time.Duration, closes *closeLog) *weekApp {
 		table.Tumbling(week).WithOffset(4*24*time.Hour), table.Grace(grace), table.OnClose(closes.onClose))
 	agent.New(w.app, "count", w.changes, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if _, err := w.weeks.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			w.weeks.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(w.weeks))
@@ -474,9 +472,7 @@ func newHopApp(id string, closes *closeLog) *hopApp {
 	agent.New(h.app, "count", h.topic, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
 			if !strings.HasPrefix(ev.Value, "probe:") {
-				if _, err := h.counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-					return err
-				}
+				h.counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 				continue
 			}
 			h.probe(ev)

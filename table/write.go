@@ -1,5 +1,11 @@
 package table
 
+import (
+	"fmt"
+
+	"github.com/runnel-dev/runnel/internal/evbind"
+)
+
 // partitionWriter is a table's runtime on one worker as a write sees it:
 // State for a Table, GlobalState for a GlobalTable. Both put a write in the
 // write cache of the event's partition (the current commit cycle) after
@@ -21,9 +27,9 @@ func (s *State) lockRMW(p int32) func() { return s.rmw.lock(p) }
 func (s *GlobalState) lockRMW(p int32) func() { return s.rmw.lock(p) }
 
 // writable is the one table writer's view of a typed table: Table and
-// GlobalTable implement it, and setKey, updateKey and deleteKey are their
-// Set, Update and Delete, so that a fix to the write path (a lock, an error's
-// context) is made once for both.
+// GlobalTable implement it, and setKey, updateKey, computeKey and deleteKey
+// are their TryPut, TryUpdate, TryCompute and TryDelete, so that a fix to the
+// write path (a lock, an error's context) is made once for both.
 type writable[K any, V any] interface {
 	// writer returns the runtime ev's writes go to, or ErrNotRunning
 	// (wrapped) when ev's worker does not run the table.
@@ -33,7 +39,34 @@ type writable[K any, V any] interface {
 	// written runs after every successful write of key (a Table's joins).
 	written(ev Event, key K) error
 	encodeKey(key K) ([]byte, error)
-	encodeValue(value V) ([]byte, error)
+	encodeValue(key K, value V) ([]byte, error)
+	// Name is the table's name (errors).
+	Name() string
+}
+
+// The write model (doc.go, "Writes fail the event"): a write method that
+// returns no error (Put, Update, Compute, Delete, Windowed.Update, the agent
+// package's Topic.Send) fails the event when the write fails: failOn records
+// the error with the event's run, whose stream then yields no further event
+// and whose agent fails with the error, as if its function had returned it
+// there. The Try… variants return the error and record nothing. Either way,
+// once a run failed every later write made with one of its events is refused
+// with ErrEventFailed (checkFailed): the run's effects stop where it failed.
+
+// failOn fails ev's run with err (nil: nothing).
+func failOn(ev Event, err error) {
+	if err != nil {
+		evbind.Fail[*Env](ev, err)
+	}
+}
+
+// checkFailed returns ErrEventFailed (wrapping the failure) when ev's run
+// already failed.
+func checkFailed(name string, ev Event) error {
+	if ferr := evbind.Failed[*Env](ev); ferr != nil {
+		return fmt.Errorf("table %s: %w: %w", name, ErrEventFailed, ferr)
+	}
+	return nil
 }
 
 // setKey writes value under key in the current commit cycle of ev's
@@ -46,6 +79,10 @@ func setKey[K any, V any](t writable[K, V], ev Event, key K, value V) error {
 // read-modify-write lock, so that agents updating one table partition
 // concurrently never lose each other's updates.
 func updateKey[K any, V any](t writable[K, V], ev Event, key K, fn func(old V) V) (V, error) {
+	if err := checkFailed(t.Name(), ev); err != nil {
+		var zero V
+		return zero, err
+	}
 	if w, err := t.writer(ev); err == nil {
 		defer w.lockRMW(ev.Partition())()
 	}
@@ -61,6 +98,10 @@ func updateKey[K any, V any](t writable[K, V], ev Event, key K, fn func(old V) V
 // partition's read-modify-write lock, a tombstone when fn drops a present key,
 // nothing when it drops an absent one.
 func computeKey[K any, V any](t writable[K, V], ev Event, key K, fn func(old V, found bool) (V, bool)) (V, bool, error) {
+	if err := checkFailed(t.Name(), ev); err != nil {
+		var zero V
+		return zero, false, err
+	}
 	if w, err := t.writer(ev); err == nil {
 		defer w.lockRMW(ev.Partition())()
 	}
@@ -85,13 +126,16 @@ func deleteKey[K any, V any](t writable[K, V], ev Event, key K) error {
 	return writeKey(t, ev, key, nil)
 }
 
-// writeKey is Set (value non-nil) and Delete (value nil). Its errors come in
-// this order: ErrNotRunning, the key codec's, the value codec's, then the
-// write's (ErrNotCoPartitioned, ErrNotActive, ErrOutsideWindow) and the
-// watchers'.
+// writeKey is TryPut (value non-nil) and TryDelete (value nil). Its errors
+// come in this order: ErrNotRunning, ErrEventFailed, the key codec's, the
+// value codec's (naming the key), then the write's (ErrNotCoPartitioned,
+// ErrNotActive, ErrOutsideWindow) and the watchers'.
 func writeKey[K any, V any](t writable[K, V], ev Event, key K, value *V) error {
 	w, err := t.writer(ev)
 	if err != nil {
+		return err
+	}
+	if err := checkFailed(t.Name(), ev); err != nil {
 		return err
 	}
 	kb, err := t.encodeKey(key)
@@ -100,7 +144,7 @@ func writeKey[K any, V any](t writable[K, V], ev Event, key K, value *V) error {
 	}
 	var vb []byte
 	if value != nil {
-		if vb, err = t.encodeValue(*value); err != nil {
+		if vb, err = t.encodeValue(key, *value); err != nil {
 			return err
 		}
 	}

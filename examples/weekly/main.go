@@ -71,9 +71,7 @@ func Build(id string, opts ...app.Option) *Weekly {
 				ev.Reject(fmt.Errorf("occurred_at %q: %w", ev.Value.OccurredAt, err))
 				continue
 			}
-			if _, err := w.PerWeek.UpdateAt(ev, ev.Value.Actor, at, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			w.PerWeek.UpdateAt(ev, ev.Value.Actor, at, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(w.PerWeek))

@@ -46,18 +46,14 @@ func Build(id string) *Wordcount {
 				continue
 			}
 			for _, word := range strings.Fields(strings.ToLower(ev.Value.Text)) {
-				if err := w.Words.Send(ev, word, ev.Value.ID); err != nil {
-					return err
-				}
+				w.Words.Send(ev, word, ev.Value.ID)
 			}
 		}
 		return s.Err()
 	}, agent.SendsTo(w.Words))
 	agent.New(a, "count", w.Words, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if _, err := w.Counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			w.Counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(w.Counts))

@@ -13,6 +13,8 @@
 // event's Binder and nothing else.
 package evbind
 
+import "fmt"
+
 // Binder is what a table write or a send needs of the event it is made with.
 // E is the worker's runtime as tables see it (*table.Env).
 type Binder[E any] interface {
@@ -23,6 +25,15 @@ type Binder[E any] interface {
 	// Env is the runtime of the worker processing the event (nil outside a
 	// worker).
 	Env() E
+	// Fail records err as the failure of the run the event belongs to (an
+	// agent's run over its stream, a timer's firing): the first error
+	// recorded wins, later ones are ignored. The run then ends as if its
+	// function had returned err where the failed write was made. Safe for
+	// concurrent use.
+	Fail(err error)
+	// Failed returns the failure Fail recorded, nil when none. Safe for
+	// concurrent use.
+	Failed() error
 }
 
 // Handle is embedded in an event type to carry its Binder. The zero Handle
@@ -41,3 +52,29 @@ type Carrier[E any] interface{ evbinder() Binder[E] }
 // Of returns the binder c carries, nil for an event whose handle is zero (an
 // event not made by a worker).
 func Of[E any](c Carrier[E]) Binder[E] { return c.evbinder() }
+
+// Failed returns the failure recorded for c's run (Binder.Failed), nil when
+// none or when c carries no binder.
+func Failed[E any](c Carrier[E]) error {
+	if b := c.evbinder(); b != nil {
+		return b.Failed()
+	}
+	return nil
+}
+
+// Fail records err (when non-nil) as the failure of c's run: the write
+// methods that return no error (Table.Put, Topic.Send, …) fail the event
+// with it. An event carrying no binder was made by no worker, so there is no
+// run to fail and no caller to return err to; Fail panics then rather than
+// drop the write silently (a write with a hand-made event is a programming
+// error, like a write to a nil map).
+func Fail[E any](c Carrier[E], err error) {
+	if err == nil {
+		return
+	}
+	b := c.evbinder()
+	if b == nil {
+		panic(fmt.Sprintf("runnel: write with an event no worker made: %v", err))
+	}
+	b.Fail(err)
+}

@@ -35,9 +35,16 @@ const DefaultDeliveryTimeout = 120 * time.Second
 const kgoMaxBuffered = 16 << 20
 
 // kgoMaxBufferedRecords bounds the records sent and not yet answered, beside
-// kgoMaxBuffered (kgo's default is 50,000; small records hit it before the
-// byte bound).
-const kgoMaxBufferedRecords = 200_000
+// kgoMaxBuffered: small records hit it before the byte bound. Each of them
+// keeps its source record, its event and the decoded key and value alive
+// upstream (about 500 bytes of heap a record on the stateless benchmark), so
+// this is what bounds a stateless worker's memory. Measured (issue #28,
+// bench/sidebyside, 1M records, interleaved with 200,000 and Sarama's fetch
+// at 1 MiB): 32,000 with a 512 KiB fetch (kafka.NewConfig) cut stateless peak
+// RSS from 242–445 MB to 144–190 MB on Kafka 4.4 and from 275–403 to
+// 168–171 MB on kfake, stateful by a quarter, with medians of time within
+// the rounds' spread (kgo's default is 50,000).
+const kgoMaxBufferedRecords = 32_000
 
 // defaultMaxMessageBytes is the batch cap for a topic whose max.message.bytes
 // is unknown: Kafka's default max.message.bytes (1 MiB + 12 bytes of batch

