@@ -89,22 +89,23 @@ func WithDeadLetterTopic(topic string) Option { return func(s *Settings) { s.Dea
 // SendsTo declares the topics the agent sends records to (sinks): describe
 // and its --dot graph show them, and the App refuses at build a topic that is
 // not declared on it (app.Topic, Repartition, GroupBy). A send to a topic the
-// agent did not declare is refused: Topic.Send returns a
-// *table.UndeclaredError naming the agent, the topic and this option, and the
-// worker stops on it (a fix of the code, which no redelivery makes; the
+// agent did not declare is refused: Topic.Send fails the event with a
+// *table.UndeclaredError (TrySend returns it) naming the agent, the topic and
+// this option, and the worker stops on it (a fix of the code, which no redelivery makes; the
 // record is not committed). Sends from the agent's timers (Every, Cron) and
 // from EmitOnClose of a windowed table it writes are the agent's sends too.
 func SendsTo(topics ...TopicDef) Option {
 	return func(s *Settings) { s.Sinks = append(s.Sinks, topics...) }
 }
 
-// WritesTo declares the tables the agent writes (Set, Update, Compute,
-// Delete; a windowed table's Update and UpdateAt): describe and its --dot
-// graph show them, and the App refuses at build a table that is not declared
-// on it or whose partition count differs from the agent's topic's
-// (co-partitioning). A write to a table the agent did not declare is refused
-// with a *table.UndeclaredError naming the agent, the table and this option,
-// and the worker stops on it, as for SendsTo. Writes from the agent's timers
+// WritesTo declares the tables the agent writes (Put, Update, Compute,
+// Delete and their Try… forms; a windowed table's Update and UpdateAt):
+// describe and its --dot graph show them, and the App refuses at build a
+// table that is not declared on it or whose partition count differs from the
+// agent's topic's (co-partitioning). A write to a table the agent did not
+// declare is refused: it fails the event with a *table.UndeclaredError (the
+// Try… forms return it) naming the agent, the table and this option, and the
+// worker stops on it, as for SendsTo. Writes from the agent's timers
 // are the agent's writes too. A joined table (table.Join) is written by the
 // join when the agent writes one of its sides: declare the side. Reads (Get,
 // Lookup, Range) need no declaration (Lookup declares a read by the record's
