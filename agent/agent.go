@@ -48,13 +48,19 @@ type Agent[K any, V any] struct {
 }
 
 // New declares an agent named name that runs fn over topic, with options
-// (OnError, WithDeadLetterTopic).
+// (OnError, WithDeadLetterTopic, ...). What the agent writes and sends is
+// declared with WritesTo and SendsTo: the worker refuses a write or a send
+// it did not declare (table.UndeclaredError).
 func New[K any, V any](h Host, name string, topic *Topic[K, V], fn Func[K, V], opts ...Option) *Agent[K, V] {
 	a := &Agent[K, V]{name: name, topic: topic, fn: fn}
 	for _, o := range opts {
 		o(&a.set)
 	}
-	declareCronTable(h, name, topic.Partitions(), a.set.Timers) // cron.go
+	if ct := declareCronTable(h, name, topic.Partitions(), a.set.Timers); ct != nil { // cron.go
+		// The Cron timers write their last firing: the agent writes its
+		// cron table.
+		a.set.Tables = append(a.set.Tables, ct)
+	}
 	h.RegisterAgent(a)
 	return a
 }
@@ -105,7 +111,13 @@ func (a *Agent[K, V]) Run(ctx context.Context, p int32, sub *source.Subscription
 		// fix it, so it is dead-lettered at once, unless the agent stops
 		// the worker on errors.
 		deterministic := errors.Is(err, table.ErrNotCoPartitioned) && a.set.OnError != StopWorker
-		if a.set.OnError == DeadLetter || deterministic {
+		// A write or send the agent did not declare is a fix of the code:
+		// the record is failed, never dead-lettered, and the worker stops
+		// on it.
+		var undeclared *table.UndeclaredError
+		if errors.As(err, &undeclared) {
+			took = d.Fail(&on)
+		} else if a.set.OnError == DeadLetter || deterministic {
 			took = d.Reject(&on)
 		} else {
 			took = d.Fail(&on)

@@ -186,7 +186,12 @@ func (t *GlobalTable[K, V]) Delete(ev Event, key K) { failOn(ev, t.TryDelete(ev,
 func (t *GlobalTable[K, V]) TryDelete(ev Event, key K) error { return deleteKey[K, V](t, ev, key) }
 
 // writer implements writable.
-func (t *GlobalTable[K, V]) writer(ev Event) (partitionWriter, error) { return writerOf(t.current(ev)) }
+func (t *GlobalTable[K, V]) writer(ev Event) (partitionWriter, error) {
+	if err := envOf(ev).checkWrite(t.name); err != nil {
+		return nil, err
+	}
+	return writerOf(t.current(ev))
+}
 
 // written implements writable: a global table has no joins to run.
 func (t *GlobalTable[K, V]) written(Event, K) error { return nil }
