@@ -48,14 +48,20 @@ type Agent[K any, V any] struct {
 type link = agentrt.Link
 
 // New declares an agent named name that runs fn over topic, with options
-// (OnError, WithDeadLetterTopic).
+// (OnError, WithDeadLetterTopic, ...). What the agent writes and sends is
+// declared with WritesTo and SendsTo: the worker refuses a write or a send
+// it did not declare (table.UndeclaredError).
 func New[K any, V any](h Host, name string, topic *Topic[K, V], fn Func[K, V], opts ...Option) *Agent[K, V] {
 	a := &Agent[K, V]{name: name, topic: topic, fn: fn}
 	a.link = agentrt.NewLink((*runner[K, V])(a))
 	for _, o := range opts {
 		o(&a.set)
 	}
-	declareCronTable(h, name, topic.Partitions(), a.set.Timers) // cron.go
+	if ct := declareCronTable(h, name, topic.Partitions(), a.set.Timers); ct != nil { // cron.go
+		// The Cron timers write their last firing: the agent writes its
+		// cron table.
+		a.set.Tables = append(a.set.Tables, ct)
+	}
 	h.RegisterAgent(a)
 	return a
 }
@@ -80,7 +86,13 @@ func (r *runner[K, V]) Topic() string { return r.topic.Name() }
 // Settings implements agentrt.Runner: the agent's options.
 func (r *runner[K, V]) Settings() agentrt.Settings {
 	s := agentrt.Settings{OnError: agentrt.ErrorPolicy(r.set.OnError), DeadLetterTopic: r.set.DeadLetterTopic,
-		Sinks: r.set.Sinks, Tables: r.set.Tables, Effects: r.set.Effects}
+		Effects: r.set.Effects}
+	for _, t := range r.set.Sinks {
+		s.Sinks = append(s.Sinks, t)
+	}
+	for _, d := range r.set.Tables {
+		s.Tables = append(s.Tables, d)
+	}
 	for _, tm := range r.set.Timers {
 		s.Timers = append(s.Timers, tm)
 	}
@@ -132,7 +144,13 @@ func (a *Agent[K, V]) run(ctx context.Context, p int32, sub *source.Subscription
 		// fix it, so it is dead-lettered at once, unless the agent stops
 		// the worker on errors.
 		deterministic := errors.Is(err, table.ErrNotCoPartitioned) && a.set.OnError != StopWorker
-		if a.set.OnError == DeadLetter || deterministic {
+		// A write or send the agent did not declare is a fix of the code:
+		// the record is failed, never dead-lettered, and the worker stops
+		// on it.
+		var undeclared *table.UndeclaredError
+		if errors.As(err, &undeclared) {
+			took = d.Fail(&on)
+		} else if a.set.OnError == DeadLetter || deterministic {
 			took = d.Reject(&on)
 		} else {
 			took = d.Fail(&on)

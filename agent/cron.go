@@ -104,8 +104,9 @@ func parseCron(spec string, loc *time.Location) (*cron.SpecSchedule, error) {
 func CronTable(agent string) string { return agent + "-cron" }
 
 // declareCronTable declares the agent's cron table when it has Cron timers
-// and hands it to them; the App reports a host that cannot hold tables.
-func declareCronTable(h Host, name string, partitions int32, timers []timer) {
+// and hands it to them; the App reports a host that cannot hold tables. It
+// returns the table, nil when it declared none.
+func declareCronTable(h Host, name string, partitions int32, timers []timer) table.Def {
 	var last *table.Table[string, int64]
 	for i := range timers {
 		if timers[i].cron == "" {
@@ -125,6 +126,10 @@ func declareCronTable(h Host, name string, partitions int32, timers []timer) {
 		}
 		timers[i].last = last
 	}
+	if last == nil {
+		return nil
+	}
+	return last
 }
 
 // Next returns the first scheduled time of a Cron timer after t (zero when

@@ -48,9 +48,13 @@ type settings struct {
 	// failed more often than the retry budget allows, are written; empty
 	// means "<app>-<agent>-dlq".
 	DeadLetterTopic string
-	// Sinks and Tables name the topics the agent sends to and the tables it
-	// writes, as declared with SendsTo and WritesTo (describe shows them).
-	Sinks, Tables []string
+	// Sinks are the topics the agent sends to (SendsTo) and Tables the
+	// tables it writes (WritesTo): the App checks at build that each is
+	// declared on it, and that each table is co-partitioned with the
+	// agent's topic; the worker refuses a send or a write outside them
+	// (table.UndeclaredError), so describe shows every edge.
+	Sinks  []TopicDef
+	Tables []table.Def
 	// Timers run on every partition of the agent's topic (Every).
 	Timers []timer
 	// Lookups are the tables the agent reads by the record's key (Lookup):
@@ -74,36 +78,39 @@ func OnError(p ErrorPolicy) Option { return func(s *settings) { s.OnError = p } 
 // runnel-timestamp (see docs/ack-mode.md).
 func WithDeadLetterTopic(topic string) Option { return func(s *settings) { s.DeadLetterTopic = topic } }
 
-// SendsTo declares the topics the agent sends records to (sinks), so that
-// describe and its --dot graph show them. The agent body is opaque to the
-// worker: an undeclared sink still works, and the worker logs it once, at
-// the first record the agent sends there.
+// SendsTo declares the topics the agent sends records to (sinks): describe
+// and its --dot graph show them, and the App refuses at build a topic that is
+// not declared on it (app.Topic, Repartition, GroupBy). A send to a topic the
+// agent did not declare is refused: Topic.Send fails the event with a
+// *table.UndeclaredError (TrySend returns it) naming the agent, the topic and
+// this option, and the worker stops on it (a fix of the code, which no redelivery makes; the
+// record is not committed). Sends from the agent's timers (Every, Cron) and
+// from EmitOnClose of a windowed table it writes are the agent's sends too.
 func SendsTo(topics ...TopicDef) Option {
-	return func(s *settings) {
-		for _, t := range topics {
-			s.Sinks = append(s.Sinks, t.Name())
-		}
-	}
+	return func(s *settings) { s.Sinks = append(s.Sinks, topics...) }
 }
 
-// WritesTo declares the tables the agent writes, so that describe and its
-// --dot graph show them, and the app refuses at start a declared table whose
-// partition count differs from the agent's topic's (the worker does not check
-// that the agent writes only these; every write is checked for
-// co-partitioning when it happens, table.ErrNotCoPartitioned).
+// WritesTo declares the tables the agent writes (Put, Update, Compute,
+// Delete and their Try… forms; a windowed table's Update and UpdateAt):
+// describe and its --dot graph show them, and the App refuses at build a
+// table that is not declared on it or whose partition count differs from the
+// agent's topic's (co-partitioning). A write to a table the agent did not
+// declare is refused: it fails the event with a *table.UndeclaredError (the
+// Try… forms return it) naming the agent, the table and this option, and the
+// worker stops on it, as for SendsTo. Writes from the agent's timers
+// are the agent's writes too. A joined table (table.Join) is written by the
+// join when the agent writes one of its sides: declare the side. Reads (Get,
+// Lookup, Range) need no declaration (Lookup declares a read by the record's
+// key for the co-partitioning check).
 func WritesTo(tables ...table.Def) Option {
-	return func(s *settings) {
-		for _, t := range tables {
-			s.Tables = append(s.Tables, t.Name())
-		}
-	}
+	return func(s *settings) { s.Tables = append(s.Tables, tables...) }
 }
 
 // Applies declares the effects the agent calls (Effect.Apply), so that
 // `replay --effect NAME` refuses a name the agent does not apply at once,
 // before planning and reading the range, instead of after the replay ran
-// (replay.ErrEffectUnused). Like SendsTo, the declaration is not enforced:
-// an undeclared effect still applies.
+// (replay.ErrEffectUnused). Unlike SendsTo and WritesTo, the declaration is
+// not enforced: an undeclared effect still applies.
 func Applies(effects ...*Effect) Option {
 	return func(s *settings) {
 		for _, e := range effects {

@@ -21,11 +21,12 @@ type repartitionOptions struct {
 	agent      []Option
 }
 
-// RepartitionPartitions sets the partition count of the repartition topic;
-// default: the partition count of the topic it is derived from. A table
-// written from the repartitioned stream must have the same count (the
-// topology check at App build says so otherwise).
-func RepartitionPartitions(n int32) RepartitionOption {
+// Partitions sets the partition count of the repartition topic (Repartition,
+// GroupBy); default: the partition count of the topic it is derived from. A
+// table written from the repartitioned stream must have the same count (the
+// topology check at App build says so otherwise). app.Partitions sets a
+// declared topic's, and table.Partitions a table's.
+func Partitions(n int32) RepartitionOption {
 	return func(o *repartitionOptions) { o.partitions = n }
 }
 
@@ -42,12 +43,12 @@ type Repartitioned interface {
 }
 
 // RepartitionOf returns the topic this topic re-keys ("" for a topic
-// declared with NewTopic).
+// declared with app.Topic).
 func (t *Topic[K, V]) RepartitionOf() string { return t.repartitionOf }
 
 // Repartition declares the internal topic "<app>-<name>-repartition" that
 // re-keys the records of from: it is created by `worker` and `dev` with
-// from's partition count (or RepartitionPartitions), with key and value
+// from's partition count (or Partitions), with key and value
 // codecs kc and vc. Agents send to it with Topic.Send, keyed by the new key,
 // and an agent declared on it sees every record of one new key in one
 // partition, so it may keep tables keyed by that key (co-partitioning).
@@ -104,6 +105,6 @@ func GroupBy[K any, V any, K2 any](h Host, name string, from *Topic[K, V], kc co
 			}
 		}
 		return s.Err()
-	}, o.agent...)
+	}, append([]Option{SendsTo(t)}, o.agent...)...)
 	return t
 }

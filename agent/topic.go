@@ -3,12 +3,14 @@ package agent
 import (
 	"fmt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/runnel-dev/runnel/codec"
 	"github.com/runnel-dev/runnel/internal/evbind"
 	"github.com/runnel-dev/runnel/internal/kafka"
+	"github.com/runnel-dev/runnel/internal/topicdecl"
 	"github.com/runnel-dev/runnel/table"
 )
 
@@ -31,6 +33,9 @@ type TopicDef interface {
 }
 
 // Topic is a typed Kafka topic: agents consume it and sinks send to it.
+// Declare one with app.Topic (a topic of the app) or agent.Repartition and
+// agent.GroupBy (an internal repartition topic); a Topic made otherwise has
+// no name and no codecs.
 // Records are partitioned by Kafka's default partitioner (murmur2 of the
 // encoded key), so a topic written by Runnel is co-partitioned with the same
 // keys written by Kafka Streams or any default Java producer.
@@ -44,11 +49,22 @@ type Topic[K any, V any] struct {
 	repartitionOf string
 }
 
-// NewTopic declares a topic with the given partition count on h.
-func NewTopic[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.Codec[V], partitions int32) *Topic[K, V] {
-	t := &Topic[K, V]{name: name, partitions: partitions, kc: kc, vc: vc}
-	h.RegisterTopic(t)
-	return t
+func init() {
+	topicdecl.Init = func(t any, name string, partitions int32, kc, vc any) {
+		t.(topicSetter).set(name, partitions, kc, vc)
+	}
+}
+
+// topicSetter is a *Topic[K, V] as topicdecl.Init sets it up: app.Topic
+// declares every topic a user declares (the one way to declare one).
+type topicSetter interface {
+	set(name string, partitions int32, kc, vc any)
+}
+
+// set implements topicSetter: kc and vc are the topic's codecs.
+func (t *Topic[K, V]) set(name string, partitions int32, kc, vc any) {
+	t.name, t.partitions = name, partitions
+	t.kc, t.vc = kc.(codec.Codec[K]), vc.(codec.Codec[V])
 }
 
 // Name returns the topic name.
@@ -127,7 +143,9 @@ func (t *Topic[K, V]) Send(ev table.Event, key K, value V) {
 // TrySend is Send returning the error instead of failing the event. Errors:
 // table.ErrNotRunning outside a worker, table.ErrEventFailed after a failed
 // write of the event's run, the encoding errors of the codecs,
-// table.ErrOutsideWindow when ev's window is closed, the producer's refusal.
+// table.ErrOutsideWindow when ev's window is closed, a *table.UndeclaredError
+// when ev's agent did not declare the topic (agent.SendsTo), the producer's
+// refusal.
 // The broker's answer comes later: a delivery error fails the event's record
 // whichever variant sent it.
 func (t *Topic[K, V]) TrySend(ev table.Event, key K, value V) error {
@@ -185,6 +203,9 @@ func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 	env := envOf(ev)
 	if env == nil || env.Send == nil {
 		return fmt.Errorf("send to %s: %w", t.name, table.ErrNotRunning)
+	}
+	if env.Agent != "" && !slices.Contains(env.Sends, t.name) {
+		return &table.UndeclaredError{Agent: env.Agent, Topic: t.name}
 	}
 	var ack tablestate.Acker
 	if se, ok := ev.(sinkBinder); ok {

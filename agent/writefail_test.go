@@ -292,7 +292,7 @@ func TestTryPutReturnsTheErrorAndTheStreamGoesOn(t *testing.T) {
 			counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
-	}, agent.OnError(agent.DeadLetter))
+	}, agent.OnError(agent.DeadLetter), agent.WritesTo(last, counts))
 	d := startDriver(t, a)
 	k := keyIn("a", 0, 2)
 	sendAll(t, d, in, k, "a1", k, "poison", k, "a2", k, "a3")

@@ -6,12 +6,15 @@ import (
 	"github.com/runnel-dev/runnel/internal/tablestate"
 	"log/slog"
 	"os"
+	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/topicdecl"
 	"github.com/runnel-dev/runnel/table"
 	"github.com/runnel-dev/runnel/topology"
 )
@@ -116,16 +119,24 @@ type TopicOption func(*topicOptions)
 
 type topicOptions struct{ partitions int32 }
 
-// Partitions sets a topic's partition count (default 8).
+// Partitions sets a topic's partition count (default 8). table.Partitions
+// sets a table's, and agent.Partitions a repartition topic's.
 func Partitions(n int32) TopicOption { return func(o *topicOptions) { o.partitions = n } }
 
-// Topic declares a typed topic of app a.
+// Topic declares a typed topic of app a, the one way to declare a topic an
+// app reads or writes: its name (prefixed with WithTopicPrefix's prefix),
+// key and value codecs, and partition count (Partitions, default 8). Agents
+// consume it (agent.New) and send to it (Topic.Send, declared with
+// agent.SendsTo). The worker creates it when missing, with that count.
 func Topic[K any, V any](a *App, name string, kc codec.Codec[K], vc codec.Codec[V], opts ...TopicOption) *agent.Topic[K, V] {
 	o := topicOptions{partitions: 8}
 	for _, f := range opts {
 		f(&o)
 	}
-	return agent.NewTopic(a, a.cfg.topicPrefix+name, kc, vc, o.partitions)
+	t := new(agent.Topic[K, V])
+	topicdecl.Init(t, a.cfg.topicPrefix+name, o.partitions, kc, vc)
+	a.RegisterTopic(t)
+	return t
 }
 
 // Topology returns the declared graph, with table partition counts resolved
@@ -146,9 +157,10 @@ func (a *App) Topology() (*topology.Graph, error) {
 		}
 		g.Topics = append(g.Topics, tt)
 	}
+	var declErrs []error // declarations of agents that name what the app does not hold
 	for _, r := range a.agents {
 		ta := describeAgent(r)
-		ta.Sinks, ta.Tables = nonNilStrings(r.Settings().Sinks), nonNilStrings(r.Settings().Tables)
+		ta.Sinks, ta.Tables = a.declaredSinks(r, &declErrs), a.declaredTables(r, &declErrs)
 		ta.DeadLetterTopic = a.DeadLetterTopic(r.Name())
 		g.Agents = append(g.Agents, ta)
 	}
@@ -164,7 +176,7 @@ func (a *App) Topology() (*topology.Graph, error) {
 		}
 		g.Tables = append(g.Tables, tt)
 	}
-	errs := append([]error(nil), a.errs...)
+	errs := append(append([]error(nil), a.errs...), declErrs...)
 	if err := g.Resolve(); err != nil {
 		errs = append(errs, err)
 	}
@@ -186,10 +198,56 @@ func (a *App) warnTopicCollision() {
 		"app", a.id, "example", strings.NewReplacer(".", "_", "_", ".").Replace(a.id)+"-<table>-changelog")
 }
 
-// nonNilStrings returns s, or an empty slice for nil (JSON [] rather than null).
-func nonNilStrings(s []string) []string {
-	if s == nil {
-		return []string{}
+// declaredSinks returns the names of the topics agent r declared it sends
+// to (agent.SendsTo), once each, and records an error for a topic that is
+// not declared on a to errs (another app's, or made outside app.Topic,
+// agent.Repartition and agent.GroupBy): the worker refuses every send not
+// declared, so describe shows every edge.
+func (a *App) declaredSinks(r agentrt.Runner, errs *[]error) []string {
+	out := []string{}
+	for _, t := range r.Settings().Sinks {
+		if isNil(t) {
+			*errs = append(*errs, fmt.Errorf("agent %s: agent.SendsTo got a nil topic", r.Name()))
+			continue
+		}
+		if slices.Contains(out, t.Name()) {
+			continue
+		}
+		if d, ok := a.topics[t.Name()]; !ok || d != t {
+			*errs = append(*errs, fmt.Errorf("agent %s: sends to topic %q (agent.SendsTo), which is not declared on app %s: declare it with app.Topic on this app", r.Name(), t.Name(), a.id))
+		}
+		out = append(out, t.Name())
 	}
-	return s
+	return out
+}
+
+// declaredTables is declaredSinks for the tables agent r declared it writes
+// (agent.WritesTo).
+func (a *App) declaredTables(r agentrt.Runner, errs *[]error) []string {
+	out := []string{}
+	for _, t := range r.Settings().Tables {
+		if isNil(t) {
+			*errs = append(*errs, fmt.Errorf("agent %s: agent.WritesTo got a nil table", r.Name()))
+			continue
+		}
+		if slices.Contains(out, t.Name()) {
+			continue
+		}
+		if !slices.ContainsFunc(a.tables, func(d table.Def) bool { return d == t }) {
+			*errs = append(*errs, fmt.Errorf("agent %s: writes table %q (agent.WritesTo), which is not declared on app %s: declare it with table.New (or NewGlobal, NewWindowed, Join) on this app", r.Name(), t.Name(), a.id))
+		}
+		out = append(out, t.Name())
+	}
+	return out
+}
+
+// isNil reports whether v is nil or a nil pointer in an interface (a table
+// or topic variable declared but never assigned), which would panic on its
+// first method call.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }

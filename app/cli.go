@@ -25,11 +25,12 @@ import (
 // interrupt or SIGTERM cancels the command's context: a worker then finishes
 // its work, leaves the group and Main returns (exit status 0). On error Main
 // logs it through the app's logger (JSON under --log-format json) and exits
-// the process with status 1.
-func (a *App) Main() {
+// the process with status 1. opts set defaults of the commands (DevInput),
+// not of the app: a worker runs the same with or without them.
+func (a *App) Main(opts ...CLIOption) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if code := a.execute(ctx, a.Command()); code != 0 {
+	if code := a.execute(ctx, a.Command(opts...)); code != 0 {
 		stop()
 		os.Exit(code)
 	}
@@ -53,8 +54,33 @@ func (a *App) execute(ctx context.Context, cmd *cobra.Command) int {
 	return 1
 }
 
-// Command returns the app's root cobra command, for embedding in a larger CLI.
-func (a *App) Command() *cobra.Command {
+// CLIOption sets a default of the app's command line (Main, Command): what
+// the commands do when a flag is not given. It is not part of the app's
+// declaration: a worker runs the same with or without it.
+type CLIOption func(*cliOptions)
+
+type cliOptions struct {
+	devTopic, devKeyField string // DevInput
+}
+
+// DevInput sets where `dev --input FILE` and `send FILE` load a JSONL file
+// given without a topic: into topic (as declared, or in full with the
+// WithTopicPrefix prefix), keyed by the string field keyField of each line
+// unless --key-field says otherwise. Default none: a bare FILE then needs
+// --topic, or --input TOPIC=FILE and --key-field. It is a convenience for
+// development: `dev --input change-events=FILE --key-field actor` says the
+// same on the command line.
+func DevInput(topic, keyField string) CLIOption {
+	return func(o *cliOptions) { o.devTopic, o.devKeyField = topic, keyField }
+}
+
+// Command returns the app's root cobra command, for embedding in a larger
+// CLI; opts as for Main.
+func (a *App) Command(opts ...CLIOption) *cobra.Command {
+	var co cliOptions
+	for _, o := range opts {
+		o(&co)
+	}
 	var logLevel, logFormat string
 	root := &cobra.Command{
 		// The usage lines name the binary the user ran ("changeaudit
@@ -116,7 +142,7 @@ func (a *App) Command() *cobra.Command {
 		Long: `Run on an in-process broker: load the --input files, process them with --workers
 workers until every record is processed, then print the tables.
 
---input FILE goes to --topic (default: the app's dev input topic, app.WithDevInput);
+--input FILE goes to --topic (default: the main function's app.DevInput topic);
 --input TOPIC=FILE, repeated, loads one file into each topic (a join of two
 topics). --key-field and --timestamp-field take FIELD (every input) or
 TOPIC=FIELD (that topic's inputs). A timestamp field holds an RFC 3339 string
@@ -139,7 +165,7 @@ windowed tables). Every input is validated whole before any is loaded.`,
 				if err != nil {
 					return err
 				}
-				if do.Inputs, err = a.resolveInputs(g, devIn); err != nil {
+				if do.Inputs, err = a.resolveInputs(g, devIn, co); err != nil {
 					return err
 				}
 			}
@@ -240,7 +266,7 @@ windowed tables). Every input is validated whole before any is loaded.`,
 		Use:   "send [FILE]",
 		Short: "Produce JSONL files (.gz allowed, - for stdin) to topics, one record a line",
 		Long: `Produce JSONL files (.gz allowed, - for stdin) to topics, one record a line.
-FILE (or --input FILE) goes to --topic, by default the app's dev input topic;
+FILE (or --input FILE) goes to --topic, by default the app.DevInput topic;
 --input TOPIC=FILE, repeated, sends one file to each topic. --key-field and
 --timestamp-field take FIELD (every input) or TOPIC=FIELD (that topic's inputs);
 a timestamp field holds an RFC 3339 string or epoch milliseconds and becomes the
@@ -260,7 +286,7 @@ line to resume from with --from-line.`,
 			if len(in.inputs) == 0 {
 				return errors.New("nothing to send: name a FILE or --input TOPIC=FILE")
 			}
-			ins, err := a.resolveInputs(g, in)
+			ins, err := a.resolveInputs(g, in, co)
 			if err != nil {
 				return err
 			}

@@ -120,7 +120,7 @@ func TestClaimStartWaitsForOpenTransaction(t *testing.T) {
 			counts.Update(ev, "x", func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts))
 	run := func() (*Worker, func()) {
 		w, err := f.app.NewWorker(WorkerOptions{})
 		if err != nil {

@@ -134,13 +134,12 @@ type Config struct {
 	// RUNNEL_SASL_*, --sasl-*. Its password is never logged.
 	SASL SASL
 
-	redelivery            Redelivery       // WithRedelivery
-	repartitionPurge      time.Duration    // WithRepartitionPurge
-	cronClock             func() time.Time // WithCronClock; read by timers.go
-	devTopic, devKeyField string           // WithDevInput
-	topicPrefix           string           // WithTopicPrefix
-	eager                 bool             // WithRebalanceProtocol(eager)
-	userLogger            bool             // WithLogger: the CLI keeps it unless a log flag is given
+	redelivery       Redelivery       // WithRedelivery
+	repartitionPurge time.Duration    // WithRepartitionPurge
+	cronClock        func() time.Time // WithCronClock; read by timers.go
+	topicPrefix      string           // WithTopicPrefix
+	eager            bool             // WithRebalanceProtocol(eager)
+	userLogger       bool             // WithLogger: the CLI keeps it unless a log flag is given
 }
 
 // Defaults of Config fields whose zero value is not their default.
@@ -416,13 +415,6 @@ func WithRepartitionPurge(d time.Duration) Option { return func(c *Config) { c.r
 // with real timers for the time it says). No variable or flag: a clock is
 // code.
 func WithCronClock(now func() time.Time) Option { return func(c *Config) { c.cronClock = now } }
-
-// WithDevInput sets the topic and key field that `dev --input FILE` and
-// `send FILE` load a file into (default none: they need --topic or
-// --input TOPIC=FILE).
-func WithDevInput(topic, keyField string) Option {
-	return func(c *Config) { c.devTopic, c.devKeyField = topic, keyField }
-}
 
 // WithTLS encrypts the connections to the brokers with cfg (Kafka's
 // security.protocol SSL; SASL_SSL with WithSASL). cfg is used as given: set
@@ -906,9 +898,6 @@ var settings = []setting{
 	{name: "Logger", option: "WithLogger",
 		def: "slog text on stderr, level info", unit: "*slog.Logger",
 		usage: "the app's logger; the CLI's --log-level and --log-format replace it"},
-	{name: "dev input", option: "WithDevInput",
-		def: "none", unit: "topic and key field",
-		usage: "where dev --input FILE and send FILE load a JSONL file (--topic, --input TOPIC=FILE and --key-field override it)"},
 }
 
 // commitInterval is the commit interval in effect: CommitInterval, or when

@@ -45,7 +45,7 @@ func TestCronTimerRunsMissedOnce(t *testing.T) {
 		p := tk.Partition()
 		made.Update(tk, key[p], func(n int64) int64 { return n + 1 })
 		return reports.TrySend(tk, key[p], tk.Time.UTC().Format(time.RFC3339))
-	}))
+	}), agent.WritesTo(counts, made), agent.SendsTo(reports))
 	if g, err := a.Topology(); err != nil || !strings.Contains(fmt.Sprint(g.Agents), "cron 0 9 * * * (UTC)") {
 		t.Fatalf("topology %+v, %v: the cron timer is not shown", g.Agents, err)
 	}

@@ -239,7 +239,7 @@ func TestChangelogRecordTooLargeStopsWorker(t *testing.T) {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(blobs))
 	w, err := c.app.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

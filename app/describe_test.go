@@ -1,11 +1,16 @@
 package app_test
 
 import (
+	"context"
 	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/runnel-dev/runnel/agent"
+	"github.com/runnel-dev/runnel/app"
+	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/table"
 	"github.com/runnel-dev/runnel/topology"
 )
 
@@ -68,5 +73,53 @@ func TestDescribeMarksWindowedTables(t *testing.T) {
 	}
 	if dot := runCLI(t, a, []string{"unused:1"}, "describe", "--dot"); !strings.Contains(dot, `"windowed table daily-orders`) {
 		t.Errorf("describe --dot does not mark the windowed table:\n%s", dot)
+	}
+}
+
+// TestDeclarationsCheckedAtBuild: what an agent declares it writes and
+// sends to must be declared on the same app (a table or topic of another
+// app, even under the same name, is refused with the agent and the option
+// named), a written table must be co-partitioned with the agent's topic, and
+// a nil table (a variable never assigned) is an error, not a panic; all
+// before any worker starts. The tables and topics the framework
+// writes for an agent are declared by it: a Cron timer's table.
+func TestDeclarationsCheckedAtBuild(t *testing.T) {
+	other := app.New("other-app")
+	foreignTable := table.New(other, "counts", codec.String(), codec.DecimalInt64())
+	foreignTopic := app.Topic(other, "out", codec.String(), codec.String())
+
+	a := app.New("declaring-app")
+	in := app.Topic(a, "in", codec.String(), codec.String(), app.Partitions(8))
+	table.New(a, "counts", codec.String(), codec.DecimalInt64())
+	app.Topic(a, "out", codec.String(), codec.String())
+	narrow := table.New(a, "narrow", codec.String(), codec.DecimalInt64(), table.Partitions(4))
+	noop := func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for range s.Events() {
+		}
+		return s.Err()
+	}
+	agent.New(a, "foreign", in, noop, agent.WritesTo(foreignTable), agent.SendsTo(foreignTopic))
+	agent.New(a, "narrow-writer", in, noop, agent.WritesTo(narrow))
+	agent.New(a, "reporter", in, noop, agent.Cron("0 9 * * *", func(context.Context, *agent.Tick) error { return nil }))
+	var unassigned *table.Table[string, int64]
+	agent.New(a, "nil-writer", in, noop, agent.WritesTo(unassigned))
+	g, err := a.Topology()
+	for _, want := range []string{
+		`agent foreign: writes table "counts" (agent.WritesTo), which is not declared on app declaring-app`,
+		`agent foreign: sends to topic "out" (agent.SendsTo), which is not declared on app declaring-app`,
+		`agent narrow-writer: writes table narrow (4 partitions) from in (8 partitions): not co-partitioned`,
+		`agent nil-writer: agent.WritesTo got a nil table`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Topology error = %v\nwant it to say: %s", err, want)
+		}
+	}
+	if err != nil && strings.Contains(err.Error(), "reporter") {
+		t.Errorf("Topology error names the cron agent: %v", err)
+	}
+	for _, ag := range g.Agents {
+		if ag.Name == "reporter" && !slices.Equal(ag.Tables, []string{agent.CronTable("reporter")}) {
+			t.Errorf("agent reporter writes %v, want its cron table %s declared", ag.Tables, agent.CronTable("reporter"))
+		}
 	}
 }

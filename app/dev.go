@@ -29,8 +29,9 @@ type DevOptions struct {
 	// Input is a JSONL file (.gz allowed) produced to InputTopic before the
 	// workers start; empty loads nothing.
 	Input string
-	// InputTopic and KeyField say where Input goes and which string field of
-	// each line is the record key; defaults from WithDevInput.
+	// InputTopic and KeyField say where Input goes (a topic as declared,
+	// or in full with the WithTopicPrefix prefix; required with Input) and
+	// which string field of each line is the record key (empty: no key).
 	InputTopic, KeyField string
 	// TimestampField, if set, is the field of Input's lines holding each
 	// record's timestamp (RFC 3339 or epoch milliseconds; see
@@ -154,19 +155,17 @@ func (a *App) Process(ctx context.Context, brokers []string, o DevOptions) (*Res
 	if o.Timeout <= 0 {
 		o.Timeout = 10 * time.Minute
 	}
-	if o.InputTopic == "" {
-		o.InputTopic = a.cfg.topicPrefix + a.cfg.devTopic
-	}
-	if o.KeyField == "" {
-		o.KeyField = a.cfg.devKeyField
-	}
-	inputs := o.Inputs
-	if o.Input != "" {
-		inputs = append([]Input{{Topic: o.InputTopic, Path: o.Input, KeyField: o.KeyField, TimestampField: o.TimestampField}}, inputs...)
-	}
 	g, err := a.Topology()
 	if err != nil {
 		return nil, err
+	}
+	inputs := o.Inputs
+	if o.Input != "" {
+		t, ok := a.lookupTopic(g, o.InputTopic)
+		if !ok {
+			return nil, fmt.Errorf("dev input %s: InputTopic %q is not a declared topic (topics: %s)", o.Input, o.InputTopic, topicNames(g))
+		}
+		inputs = append([]Input{{Topic: t.Name, Path: o.Input, KeyField: o.KeyField, TimestampField: o.TimestampField}}, inputs...)
 	}
 	w0 := &Worker{app: a, graph: g}
 	client, _, err := a.connect(ctx, brokers, "runnel-dev", kafka.Timeouts{}, w0.topicSpecs())

@@ -187,7 +187,7 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 // TestDevSummary checks the line dev prints before the tables: 10 input
 // records processed by one worker, 2 of them dead-lettered.
 func TestDevSummary(t *testing.T) {
-	o := newOpsApp(t, "dev-summary", app.WithDevInput("words", "key"))
+	o := newOpsApp(t, "dev-summary")
 	input := filepath.Join(t.TempDir(), "in.jsonl")
 	var lines []string
 	for i := range 10 {
@@ -201,7 +201,7 @@ func TestDevSummary(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := o.app.Dev(context.Background(), app.DevOptions{Workers: 1, Input: input, Out: &out, DataDir: t.TempDir()}); err != nil {
+	if err := o.app.Dev(context.Background(), app.DevOptions{Workers: 1, Input: input, InputTopic: "words", KeyField: "key", Out: &out, DataDir: t.TempDir()}); err != nil {
 		t.Fatal(err)
 	}
 	first, _, _ := strings.Cut(out.String(), "\n")

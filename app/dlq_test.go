@@ -43,7 +43,7 @@ func TestRejectedRecordDeadLetteredOnceAcrossRestart(t *testing.T) {
 			counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts))
 	w, err := f.app.NewWorker(WorkerOptions{}) // Pebble stores in the fixture's data dir
 	if err != nil {
 		t.Fatal(err)

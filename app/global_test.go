@@ -67,7 +67,7 @@ func newGlobalApp(t *testing.T, id string) *globalApp {
 			g.counts.Update(ev, ev.Key, func(c int64) int64 { return c + 1 })
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(g.counts, g.latest))
 	return g
 }
 

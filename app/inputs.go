@@ -21,7 +21,7 @@ type Input struct {
 	// single input only).
 	Path string
 	// KeyField is the JSON string field used as the record key; empty sends
-	// records without a key (dev: the WithDevInput key field for the dev
+	// records without a key (dev: the DevInput key field for the dev
 	// input topic).
 	KeyField string
 	// TimestampField is the JSON field holding each record's timestamp: an
@@ -75,12 +75,12 @@ func (a *App) splitTopic(g *topology.Graph, v string) (topic, rest string, ok bo
 
 // resolveInputs turns the input flags into Inputs, in the order of the
 // --input flags. A bare FILE goes to --topic, else to the dev input topic
-// (WithDevInput). An input's key field is its topic's TOPIC=FIELD value,
-// else the bare FIELD, else the WithDevInput key field when it goes to the
-// dev input topic; its timestamp field likewise (without a default). Errors
-// name the flag and value: an undeclared topic, a bare FILE with no topic to
-// go to, a field for a topic no --input names, two bare fields.
-func (a *App) resolveInputs(g *topology.Graph, f inputFlags) ([]Input, error) {
+// (co, from DevInput). An input's key field is its topic's TOPIC=FIELD
+// value, else the bare FIELD, else the DevInput key field when it goes to
+// the dev input topic; its timestamp field likewise (without a default).
+// Errors name the flag and value: an undeclared topic, a bare FILE with no
+// topic to go to, a field for a topic no --input names, two bare fields.
+func (a *App) resolveInputs(g *topology.Graph, f inputFlags, co cliOptions) ([]Input, error) {
 	var ins []Input
 	for _, v := range f.inputs {
 		topic, path, ok := a.splitTopic(g, v)
@@ -92,14 +92,14 @@ func (a *App) resolveInputs(g *topology.Graph, f inputFlags) ([]Input, error) {
 			}
 			dest := f.topic
 			if dest == "" {
-				dest = a.cfg.devTopic
+				dest = co.devTopic
 			}
 			if dest == "" {
-				return nil, fmt.Errorf("--input %s: no topic to send it to: use --input TOPIC=FILE, --topic, or app.WithDevInput (topics: %s)", v, topicNames(g))
+				return nil, fmt.Errorf("--input %s: no topic to send it to: use --input TOPIC=FILE or --topic (topics: %s)", v, topicNames(g))
 			}
 			t, declared := a.lookupTopic(g, dest)
 			if !declared {
-				return nil, fmt.Errorf("--input %s: topic %q is not declared (topics: %s; set it with --topic, --input TOPIC=FILE or app.WithDevInput)", v, dest, topicNames(g))
+				return nil, fmt.Errorf("--input %s: topic %q is not declared (topics: %s; set it with --topic, --input TOPIC=FILE or app.DevInput)", v, dest, topicNames(g))
 			}
 			topic = t.Name
 		}
@@ -120,14 +120,14 @@ func (a *App) resolveInputs(g *topology.Graph, f inputFlags) ([]Input, error) {
 		return nil, err
 	}
 	devTopic := ""
-	if t, ok := a.lookupTopic(g, a.cfg.devTopic); ok && a.cfg.devTopic != "" {
+	if t, ok := a.lookupTopic(g, co.devTopic); ok && co.devTopic != "" {
 		devTopic = t.Name
 	}
 	for i := range ins {
 		in := &ins[i]
 		in.KeyField = firstNonEmpty(keys[in.Topic], keys[""])
 		if in.KeyField == "" && in.Topic == devTopic {
-			in.KeyField = a.cfg.devKeyField
+			in.KeyField = co.devKeyField
 		}
 		in.TimestampField = firstNonEmpty(stamps[in.Topic], stamps[""])
 	}

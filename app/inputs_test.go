@@ -260,11 +260,11 @@ func TestSendTwoInputsWithTimestamps(t *testing.T) {
 }
 
 // The single-input form still works: a bare --input FILE goes to the
-// WithDevInput topic, keyed by its key field; a bare --timestamp-field
-// applies to it.
+// DevInput topic of the command line, keyed by its key field; a bare
+// --timestamp-field applies to it.
 func TestDevSingleInputWithDevInput(t *testing.T) {
-	a := newJoinApp(t, "dev-single", app.WithDevInput("orders", "customer"))
-	cmd := a.Command()
+	a := newJoinApp(t, "dev-single")
+	cmd := a.Command(app.DevInput("orders", "customer"))
 	var out, errOut bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&errOut)

@@ -21,8 +21,8 @@ func joinSides(a *app.App) (leftIn, rightIn *agent.Topic[string, string], left, 
 	rightIn = app.Topic(a, "right-in", codec.String(), codec.String(), app.Partitions(parts))
 	left = table.New(a, "left", codec.String(), codec.String())
 	right = table.New(a, "right", codec.String(), codec.String())
-	agent.New(a, "set-left", leftIn, setOrDelete(left))
-	agent.New(a, "set-right", rightIn, setOrDelete(right))
+	agent.New(a, "set-left", leftIn, setOrDelete(left), agent.WritesTo(left))
+	agent.New(a, "set-right", rightIn, setOrDelete(right), agent.WritesTo(right))
 	return
 }
 
@@ -180,7 +180,7 @@ func TestLookupAfterRestoreAndBeforeRow(t *testing.T) {
 			profiles.Put(ev, ev.Key, ev.Value)
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(profiles))
 	agent.New(a, "enrich", events, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
 			p, ok, err := profiles.Lookup(ev, ev.Key)
@@ -195,7 +195,7 @@ func TestLookupAfterRestoreAndBeforeRow(t *testing.T) {
 			left.Send(ev, ev.Key, ev.Value+"|"+p)
 		}
 		return s.Err()
-	}, agent.Lookup(profiles))
+	}, agent.Lookup(profiles), agent.SendsTo(inner, left))
 
 	users := func(from, to int, f func(i int) kv) []kv {
 		var out []kv

@@ -21,7 +21,13 @@ import (
 // and stderr.
 func runCLIErr(t *testing.T, ctx context.Context, a *app.App, args ...string) (string, error) {
 	t.Helper()
-	cmd := a.Command()
+	return runCLIOptsErr(t, ctx, a, nil, args...)
+}
+
+// runCLIOptsErr is runCLIErr with the command line's options.
+func runCLIOptsErr(t *testing.T, ctx context.Context, a *app.App, opts []app.CLIOption, args ...string) (string, error) {
+	t.Helper()
+	cmd := a.Command(opts...)
 	var errOut bytes.Buffer
 	cmd.SetOut(&bytes.Buffer{})
 	cmd.SetErr(&errOut)
@@ -118,9 +124,10 @@ func TestUsageShowsBinaryName(t *testing.T) {
 // One record, one key: singular nouns in dev's summary and table headings
 // and in send's report.
 func TestOneRecordIsSingular(t *testing.T) {
-	a := newJoinApp(t, "one-record", app.WithDevInput("orders", "customer"))
+	a := newJoinApp(t, "one-record")
 	var out bytes.Buffer
-	if err := a.Dev(context.Background(), app.DevOptions{Input: writeInput(t, "one.jsonl", orderLines[:1]), Out: &out, DataDir: t.TempDir()}); err != nil {
+	if err := a.Dev(context.Background(), app.DevOptions{Input: writeInput(t, "one.jsonl", orderLines[:1]), InputTopic: "orders", KeyField: "customer",
+		Out: &out, DataDir: t.TempDir()}); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"processed 1 record, ", "totals (1 key)\n", "names (0 keys)\n"} {
@@ -130,8 +137,9 @@ func TestOneRecordIsSingular(t *testing.T) {
 	}
 	brokers := testbroker.Brokers(t)
 	id := testbroker.Topic(t, "one")
-	b := newJoinApp(t, id, app.WithTopicPrefix(id+"-"), app.WithDevInput("orders", "customer"))
-	stderr, err := runCLIErr(t, context.Background(), b, "send", writeInput(t, "one.jsonl", orderLines[:1]), "--brokers", strings.Join(brokers, ","))
+	b := newJoinApp(t, id, app.WithTopicPrefix(id+"-"))
+	stderr, err := runCLIOptsErr(t, context.Background(), b, []app.CLIOption{app.DevInput("orders", "customer")},
+		"send", writeInput(t, "one.jsonl", orderLines[:1]), "--brokers", strings.Join(brokers, ","))
 	if err != nil || stderr != "sent 1 record to "+id+"-orders\n" {
 		t.Errorf("send one line: %v, %q", err, stderr)
 	}

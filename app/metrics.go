@@ -63,7 +63,6 @@ type metrics struct {
 	cacheWaits, cacheWaitSeconds *prometheus.CounterVec
 
 	nRetried, nDeadLettered atomic.Int64
-	undeclared              sync.Map // agent + "\x00" + topic: undeclared sinks logged
 
 	mu          sync.Mutex
 	claims      map[restoreKey]*claimPos          // running claims (topic, partition); guarded by mu
@@ -285,9 +284,10 @@ func (m *metrics) agentFailed(topic, agent string, err error) {
 	}
 }
 
-// agentEnv returns env with a Send that counts the acknowledged sink records
-// of agent r, and logs once per topic a sink r did not declare
-// (agent.SendsTo).
+// agentEnv returns env as agent r's events and timer firings use it: with
+// r's declared tables and sinks (agent.WritesTo, agent.SendsTo; a write or a
+// send outside them is refused, table.UndeclaredError) and a Send that
+// counts the acknowledged sink records of r.
 //
 // The per-record cost is kept off the common case: the counter of the last
 // destination topic is cached (most agents send to one topic), and an
@@ -297,11 +297,17 @@ func (m *metrics) agentFailed(topic, agent string, err error) {
 func (w *Worker) agentEnv(env *tablestate.Env, r agentrt.Runner) *tablestate.Env {
 	m, name := w.metrics, r.Name()
 	e := *env
+	e.Agent, e.Writes, e.Sends = name, nil, nil
+	for _, t := range r.Settings().Tables {
+		e.Writes = append(e.Writes, t.Name())
+	}
+	for _, t := range r.Settings().Sinks {
+		e.Sends = append(e.Sends, t.Name())
+	}
 	send := env.Send
 	if send == nil {
 		return &e
 	}
-	declared := r.Settings().Sinks
 	var counters sync.Map                // destination topic → *sinkCounter of name
 	var last atomic.Pointer[sinkCounter] // the counter of the last destination
 	e.Send = func(topic string, p int32, key, value []byte, ack tablestate.Acker) error {
@@ -309,11 +315,6 @@ func (w *Worker) agentEnv(env *tablestate.Env, r agentrt.Runner) *tablestate.Env
 		if c == nil || c.topic != topic {
 			v, ok := counters.Load(topic)
 			if !ok {
-				if !slices.Contains(declared, topic) {
-					if _, seen := m.undeclared.LoadOrStore(name+"\x00"+topic, true); !seen {
-						w.log.Info("agent sends to a topic it did not declare with agent.SendsTo; describe does not show it", "agent", name, "topic", topic)
-					}
-				}
 				sc := m.sent.WithLabelValues(topic, name)
 				v, _ = counters.LoadOrStore(topic, &sinkCounter{topic: topic, counter: sc, inc: sc.Inc})
 			}

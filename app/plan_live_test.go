@@ -36,7 +36,7 @@ func TestPlanLiveGroup(t *testing.T) {
 				counts.Update(ev, ev.Key, func(c int64) int64 { return c + 1 })
 			}
 			return s.Err()
-		})
+		}, agent.WritesTo(counts))
 		return a, in.Name()
 	}
 	a, topic := newApp()

@@ -440,6 +440,15 @@ func (pt *partition) supervise(actx context.Context, r agentrt.Runner, sub *sour
 			w.fatal.stop(err)
 			return agentResult{r: r, sub: sub, err: err}
 		}
+		var undeclared *table.UndeclaredError
+		if errors.As(err, &undeclared) {
+			// A write or send the agent did not declare (agent.WritesTo,
+			// agent.SendsTo): every delivery would fail the same way until
+			// the code declares it. The record was failed, not committed.
+			w.log.Error("agent writes or sends where it did not declare; stopping the worker", "agent", r.Name(), "topic", pt.topic, "partition", pt.p, "err", err)
+			w.fatal.stop(err)
+			return agentResult{r: r, sub: sub, err: err}
+		}
 		if !errors.As(err, &ae) || ae.Stream || policy == agentrt.StopWorker {
 			return agentResult{r: r, sub: sub, err: err}
 		}

@@ -53,7 +53,7 @@ func crashApp(id string, brokers []string, block string) (*App, *agent.Topic[str
 			sink.Send(ev, ev.Key, ev.Value+"-b")
 		}
 		return s.Err()
-	})
+	}, agent.SendsTo(sink))
 	return a, in, sink
 }
 

@@ -93,7 +93,7 @@ func TestFailedRecordRevertsToACycleAtIt(t *testing.T) {
 					}
 				}
 				return s.Err()
-			})
+			}, agent.WritesTo(counts))
 			agent.New(a, "tally", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 				for ev := range s.Events() {
 					if ev.Partition() == 0 {
@@ -102,7 +102,7 @@ func TestFailedRecordRevertsToACycleAtIt(t *testing.T) {
 					tally.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 				}
 				return s.Err()
-			})
+			}, agent.WritesTo(tally))
 			dir := t.TempDir()
 			_, stop := goWorker(t, a, brokers, dir)
 			client := testbroker.Client(t, brokers)

@@ -266,7 +266,7 @@ func TestRecordFailsTwiceThenSucceeds(t *testing.T) {
 			f.sink.Send(ev, ev.Key, ev.Value)
 		}
 		return s.Err()
-	})
+	}, agent.SendsTo(f.sink))
 	f.start()
 	f.produce("v0", "v1", "v2", "v3", "v4")
 	f.eventually(20*time.Second, "committed offset 5", func() bool { return f.committed() == 5 })
@@ -304,7 +304,7 @@ func TestPoisonRecordIsDeadLettered(t *testing.T) {
 			f.sink.Send(ev, ev.Key, ev.Value)
 		}
 		return s.Err()
-	})
+	}, agent.SendsTo(f.sink))
 	f.start()
 	f.produce("v0", "v1", "poison", "v3", "v4")
 	f.eventually(20*time.Second, "committed offset 5", func() bool { return f.committed() == 5 })
@@ -364,7 +364,7 @@ func TestTwoAgentsOneSlow(t *testing.T) {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.SendsTo(f.sink))
 	agent.New(f.app, "slow", f.in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
 			slow.inc(ev.Value)
@@ -378,7 +378,7 @@ func TestTwoAgentsOneSlow(t *testing.T) {
 			slowSink.Send(ev, ev.Key, ev.Value)
 		}
 		return s.Err()
-	})
+	}, agent.SendsTo(slowSink))
 	f.start()
 	vals := make([]string, n)
 	for i := range vals {

@@ -95,7 +95,7 @@ func TestReplayCommand(t *testing.T) {
 				}
 			}
 			return s.Err()
-		})
+		}, agent.WritesTo(counts), agent.SendsTo(out))
 		return a
 	}
 	run := func(args ...string) (string, error) {

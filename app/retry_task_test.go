@@ -46,7 +46,7 @@ func TestFailingRecordRestartsOnlyItsPartition(t *testing.T) {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts, gcounts))
 	dir := t.TempDir()
 	w, stop := goWorker(t, a, brokers, dir)
 	client := testbroker.Client(t, brokers)

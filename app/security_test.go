@@ -210,7 +210,7 @@ func secureCount(id string, opts ...app.Option) (*app.App, *agent.Topic[string, 
 			counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts))
 	return a, words, counts
 }
 

@@ -39,7 +39,7 @@ func claimStartChecked(t *testing.T, g Guarantee) {
 			counts.Update(ev, "x", func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts))
 	run := func() (*Worker, func()) {
 		w, err := f.app.NewWorker(WorkerOptions{})
 		if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/codec"
+	"github.com/runnel-dev/runnel/internal/embedded"
 	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/testbroker"
 	"github.com/runnel-dev/runnel/table"
@@ -136,7 +137,7 @@ func TestGroupByAndRepartitionCountExactly(t *testing.T) {
 			colorCounts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(colorCounts))
 	agent.New(a, "split-letters", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
 			for _, r := range strings.SplitN(ev.Value, "#", 2)[0] {
@@ -144,13 +145,13 @@ func TestGroupByAndRepartitionCountExactly(t *testing.T) {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.SendsTo(letters))
 	agent.New(a, "count-letters", letters, func(ctx context.Context, s *agent.Stream[string, int64]) error {
 		for ev := range s.Events() {
 			letterCounts.Update(ev, ev.Key, func(n int64) int64 { return n + ev.Value })
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(letterCounts))
 
 	g, err := a.Topology()
 	if err != nil {
@@ -258,7 +259,7 @@ func TestWallClockTimerWritesAndSends(t *testing.T) {
 			return err
 		}
 		return snapshots.TrySend(tk, word[p], c)
-	}))
+	}), agent.WritesTo(counts, ticks), agent.SendsTo(firings, snapshots))
 	if g, err := a.Topology(); err != nil || !strings.Contains(fmt.Sprint(g.Agents), "every 20ms wall-clock") {
 		t.Fatalf("topology %+v, %v: the timer is not shown", g.Agents, err)
 	}
@@ -336,7 +337,7 @@ func TestStreamTimeTimerFiresEveryInterval(t *testing.T) {
 		at := tk.Time.UTC().Format(time.RFC3339)
 		last.Put(tk, word[tk.Partition()], at)
 		return fired.TrySend(tk, word[tk.Partition()], at)
-	}))
+	}), agent.WritesTo(last), agent.SendsTo(fired))
 
 	// Partition p's records start at 07 past an hour and go 10 minutes
 	// apart (partition 3 out of order by one step), over p+3 hours.
@@ -430,7 +431,7 @@ func TestFailingTimerRestartsPartition(t *testing.T) {
 		// A write the failure must drop with the cache.
 		counts.Put(tk, word[0], -1000)
 		return fmt.Errorf("timer failure %d", failures.Add(1))
-	}))
+	}), agent.WritesTo(counts))
 	recs, want := words(600, word...)
 	dir := t.TempDir()
 	_, stop := goWorker(t, a, brokers, dir)
@@ -493,7 +494,7 @@ func TestRepartitionPurgesCommittedRecords(t *testing.T) {
 			counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts))
 	var recs []kv
 	want := map[string]int{}
 	for i := range 300 {
@@ -538,7 +539,11 @@ func TestRepartitionPurgesCommittedRecords(t *testing.T) {
 // join no longer keeps is deleted: a tombstone in its changelog), whatever
 // the interleaving of the two topics that write the tables.
 func TestTableTableJoin(t *testing.T) {
-	brokers := testbroker.Brokers(t)
+	// The test reads the inner join's changelog whole, tombstones included:
+	// kfake's cleaner ignores min.compaction.lag.ms and, every second by
+	// default, compacted it under the read (the head record gone, the
+	// consumer's offset out of range); Kafka keeps it for Runnel's 10 min lag.
+	brokers := testbroker.BrokersWith(t, embedded.Options{CleanerBackoff: time.Hour})
 	id := testbroker.Topic(t, "join")
 	a := streamsApp(id)
 	leftIn := app.Topic(a, "left-in", codec.String(), codec.String(), app.Partitions(parts))
@@ -558,8 +563,8 @@ func TestTableTableJoin(t *testing.T) {
 	table.Join(a, "inner", table.InnerJoin, left, right, codec.String(), joiner)
 	table.Join(a, "lefty", table.LeftJoin, left, right, codec.String(), joiner)
 	table.Join(a, "outer", table.OuterJoin, left, right, codec.String(), joiner)
-	agent.New(a, "set-left", leftIn, setOrDelete(left))
-	agent.New(a, "set-right", rightIn, setOrDelete(right))
+	agent.New(a, "set-left", leftIn, setOrDelete(left), agent.WritesTo(left))
+	agent.New(a, "set-right", rightIn, setOrDelete(right), agent.WritesTo(right))
 	if g, err := a.Topology(); err != nil || !strings.Contains(fmt.Sprintf("%+v", g.Tables), "JoinOf:[left right] JoinKind:inner") {
 		t.Fatalf("topology %+v, %v: the join is not shown", g.Tables, err)
 	}

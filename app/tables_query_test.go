@@ -53,7 +53,7 @@ func newQueryApp(t *testing.T, id string) *queryApp {
 			q.counts.Update(ev, ev.Key, func(c int64) int64 { return c + 1 })
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(q.counts))
 	return q
 }
 

@@ -76,7 +76,7 @@ func newCountApp(t *testing.T, id string, opts ...app.Option) *countApp {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(c.counts))
 	return c
 }
 

@@ -2,8 +2,10 @@ package app
 
 import (
 	"context"
+	"errors"
 	"github.com/runnel-dev/runnel/internal/agentrt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
+	"github.com/runnel-dev/runnel/table"
 	"sync"
 	"time"
 
@@ -34,16 +36,26 @@ func (pt *partition) startTimers(ctx context.Context) (stop func()) {
 		return func() {}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
 	for _, r := range pt.runners {
 		for _, tm := range r.Settings().Timers {
 			if tm.Clock() == agentrt.StreamTime && pt.env.StreamTime == nil {
 				pt.env.StreamTime = tablestate.NewStreamTime()
 			}
+		}
+	}
+	var wg sync.WaitGroup
+	for _, r := range pt.runners {
+		if len(r.Settings().Timers) == 0 {
+			continue
+		}
+		// A firing writes and sends as its agent: what the agent declared
+		// (agent.WritesTo, agent.SendsTo), counted as its sink records.
+		env := pt.w.agentEnv(pt.env, r)
+		for _, tm := range r.Settings().Timers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				pt.runTimer(ctx, r.Name(), tm)
+				pt.runTimer(ctx, r.Name(), env, tm)
 			}()
 		}
 	}
@@ -53,10 +65,11 @@ func (pt *partition) startTimers(ctx context.Context) (stop func()) {
 	}
 }
 
-// runTimer fires tm on the partition until ctx ends.
-func (pt *partition) runTimer(ctx context.Context, name string, tm agentrt.Timer) {
+// runTimer fires tm, a timer of agent name, on the partition until ctx
+// ends, with env, the agent's.
+func (pt *partition) runTimer(ctx context.Context, name string, env *tablestate.Env, tm agentrt.Timer) {
 	if tm.Cron() != "" {
-		pt.runCron(ctx, name, tm)
+		pt.runCron(ctx, name, env, tm)
 		return
 	}
 	switch tm.Clock() {
@@ -76,7 +89,7 @@ func (pt *partition) runTimer(ctx context.Context, name string, tm agentrt.Timer
 				at = last.Add(tm.Interval()) // the timer woke a hair early
 			}
 			last = at
-			pt.fire(ctx, name, tm, at)
+			pt.fire(ctx, name, env, tm, at)
 		}
 	case agentrt.StreamTime:
 		st := pt.env.StreamTime
@@ -125,7 +138,7 @@ func (pt *partition) runTimer(ctx context.Context, name string, tm agentrt.Timer
 			}
 			first = false
 			for ; !at.After(to); at = at.Add(tm.Interval()) {
-				if !pt.fire(ctx, name, tm, at) {
+				if !pt.fire(ctx, name, env, tm, at) {
 					break
 				}
 				last = at
@@ -155,13 +168,13 @@ func (w *Worker) cronNow() time.Time {
 // such time (missed runs are run once, not skipped). A schedule the
 // partition never saw is armed at the current time: nothing before counts
 // as missed.
-func (pt *partition) runCron(ctx context.Context, name string, tm agentrt.Timer) {
+func (pt *partition) runCron(ctx context.Context, name string, env *tablestate.Env, tm agentrt.Timer) {
 	src, _ := pt.w.graph.Topic(pt.topic)
 	tm = tm.WithPartitions(src.Partitions)
 	armed := false
 	for {
 		now := pt.w.cronNow()
-		last, ok, err := tm.LastFiring(pt.p, src.Partitions, pt.env)
+		last, ok, err := tm.LastFiring(pt.p, src.Partitions, env)
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return // the claim ended (its store may be closing)
@@ -170,7 +183,7 @@ func (pt *partition) runCron(ctx context.Context, name string, tm agentrt.Timer)
 			return
 		case !ok && !armed:
 			// First sight of the schedule on this partition.
-			if !pt.arm(ctx, name, tm, src.Partitions, now) {
+			if !pt.arm(ctx, name, env, tm, src.Partitions, now) {
 				return
 			}
 			armed, last = true, now
@@ -182,7 +195,7 @@ func (pt *partition) runCron(ctx context.Context, name string, tm agentrt.Timer)
 		default:
 			armed = true
 			if at, missed := tm.Prev(last, now); missed {
-				if !pt.fire(ctx, name, tm, at) {
+				if !pt.fire(ctx, name, env, tm, at) {
 					return
 				}
 				last = at
@@ -213,7 +226,7 @@ func (pt *partition) runCron(ctx context.Context, name string, tm agentrt.Timer)
 		if p, ok := tm.Prev(next, pt.w.cronNow()); ok {
 			at = p
 		}
-		if !pt.fire(ctx, name, tm, at) {
+		if !pt.fire(ctx, name, env, tm, at) {
 			return
 		}
 	}
@@ -238,11 +251,11 @@ func maxTime(a, b time.Time) time.Time {
 // arm records now as the Cron timer's last firing on the partition (its
 // first sight there) inside the task, as a firing; false when it did not
 // run (the claim ends, the task was abandoned, or it failed).
-func (pt *partition) arm(ctx context.Context, name string, tm agentrt.Timer, parts int32, now time.Time) bool {
+func (pt *partition) arm(ctx context.Context, name string, env *tablestate.Env, tm agentrt.Timer, parts int32, now time.Time) bool {
 	fctx, cancel := context.WithTimeout(context.Background(), pt.w.flushBudget())
 	defer cancel()
 	ran := false
-	err := pt.punctuate(ctx, &ran, func() error { return tm.Arm(fctx, pt.p, parts, pt.env, now) })
+	err := pt.punctuate(ctx, &ran, func() error { return tm.Arm(fctx, pt.p, parts, env, now) })
 	if ran && err != nil {
 		pt.timerFailed(name, tm, now, err)
 		return false
@@ -256,6 +269,17 @@ func (pt *partition) arm(ctx context.Context, name string, tm agentrt.Timer, par
 // timerFailed abandons the partition's task after a timer's failure: the
 // partition restarts from its committed offsets.
 func (pt *partition) timerFailed(name string, tm agentrt.Timer, at time.Time, err error) {
+	var undeclared *table.UndeclaredError
+	if errors.As(err, &undeclared) {
+		// A write or send the agent did not declare: every firing would
+		// fail the same way until the code declares it (supervise stops
+		// the worker on the agent's own for the same reason).
+		pt.w.log.Error("timer writes or sends where its agent did not declare; stopping the worker",
+			"agent", name, "topic", pt.topic, "partition", pt.p, "timer", tm.String(), "at", at, "err", err)
+		pt.task.abandon(&pt.w.tasks, err)
+		pt.w.fatal.stop(err)
+		return
+	}
 	pt.w.log.Warn("timer failed; the partition restarts from its committed offsets",
 		"agent", name, "topic", pt.topic, "partition", pt.p, "timer", tm.String(), "at", at, "err", err)
 	pt.task.abandon(&pt.w.tasks, err)
@@ -272,7 +296,7 @@ const maxCatchUp = 1024
 // refused) abandons the task: the partition restarts from its committed
 // offsets. No firing starts once the claim ends: its final cycle may already
 // have run, and writes after it would be dropped while its sends stay.
-func (pt *partition) fire(ctx context.Context, name string, tm agentrt.Timer, at time.Time) bool {
+func (pt *partition) fire(ctx context.Context, name string, env *tablestate.Env, tm agentrt.Timer, at time.Time) bool {
 	w := pt.w
 	// The firing's sends are waited for with a budget of their own, not the
 	// claim's context: the next cycle must not commit while they are in flight.
@@ -280,7 +304,7 @@ func (pt *partition) fire(ctx context.Context, name string, tm agentrt.Timer, at
 	defer cancel()
 	began := time.Now()
 	ran := false
-	err := pt.punctuate(ctx, &ran, func() error { return tm.Fire(fctx, pt.p, pt.env, at) })
+	err := pt.punctuate(ctx, &ran, func() error { return tm.Fire(fctx, pt.p, env, at) })
 	switch {
 	case !ran:
 		// The task was abandoned (the partition restarts) or the claim

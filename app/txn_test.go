@@ -105,7 +105,7 @@ func eosSinkRun(t *testing.T, g Guarantee) map[string]int {
 			f.sink.Send(ev, ev.Key, ev.Value+"-b")
 		}
 		return s.Err()
-	})
+	}, agent.SendsTo(f.sink))
 	f.start()
 	var vs []string
 	for i := range 20 {

@@ -29,7 +29,7 @@ func TestConcurrentUpdatesFromTwoAgentsAreNotLost(t *testing.T) {
 				counts.Update(ev, "x", func(n int64) int64 { time.Sleep(100 * time.Microsecond); return n + 1 })
 			}
 			return s.Err()
-		})
+		}, agent.WritesTo(counts))
 	}
 	f.start()
 	const n = 1000
@@ -62,7 +62,7 @@ func TestRetryDoesNotCountTwice(t *testing.T) {
 			counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts))
 	var failed atomic.Bool
 	agent.New(f.app, "flaky", f.in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {

@@ -51,7 +51,7 @@ func TestQueriesWithoutURLMap(t *testing.T) {
 				counts.Update(ev, ev.Key, func(c int64) int64 { return c + 1 })
 			}
 			return s.Err()
-		})
+		}, agent.WritesTo(counts))
 		w, err := a.NewWorker(app.WorkerOptions{Brokers: brokers, DataDir: t.TempDir(), Name: name})
 		if err != nil {
 			t.Fatal(err)

@@ -83,7 +83,6 @@ func runKafkaPath(b *testing.B, n, keys int) kafkaPathRates {
 		app.WithGroupTimeouts(testbroker.SessionTimeout, testbroker.HeartbeatInterval, testbroker.RebalanceTimeout, testbroker.MaxWaitTime),
 		app.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))),
 		app.WithTopicPrefix(id+"-"),
-		app.WithDevInput("events", "k"),
 	)
 	events := app.Topic(a, "events", codec.String(), codec.String(), app.Partitions(4))
 	counts := table.New(a, "counts", codec.String(), codec.DecimalInt64())
@@ -98,7 +97,7 @@ func runKafkaPath(b *testing.B, n, keys int) kafkaPathRates {
 			seen.Add(1)
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts))
 	g, err := a.Topology()
 	if err != nil {
 		b.Fatal(err)
@@ -109,11 +108,13 @@ func runKafkaPath(b *testing.B, n, keys int) kafkaPathRates {
 	var lag0 time.Time
 	b.StartTimer()
 	res, err := a.Process(context.Background(), brokers, app.DevOptions{
-		Workers: 1,
-		Input:   input,
-		DataDir: filepath.Join(dir, "data"),
-		Timeout: 5 * time.Minute,
-		Out:     io.Discard,
+		Workers:    1,
+		Input:      input,
+		InputTopic: "events",
+		KeyField:   "k",
+		DataDir:    filepath.Join(dir, "data"),
+		Timeout:    5 * time.Minute,
+		Out:        io.Discard,
 		Progress: func(_ string, n, total int64) {
 			if n == total {
 				loaded = time.Now()

@@ -135,7 +135,7 @@ func runPromotion(b *testing.B, replicas, n int) promotionResult {
 			counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(counts))
 	g, err := a.Topology()
 	if err != nil {
 		b.Fatal(err)

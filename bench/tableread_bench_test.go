@@ -80,7 +80,7 @@ func BenchmarkTableReads(b *testing.B) {
 				c.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 			}
 			return s.Err()
-		})
+		}, agent.WritesTo(c))
 		workers[i] = startWorker(b, a, brokers, dir, name)
 	}
 	changelog := counts.Changelog()

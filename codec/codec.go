@@ -93,8 +93,13 @@ func (bytesCodec) Name() string                    { return "bytes" }
 
 type int64Codec struct{}
 
-// Int64 returns a codec that stores an int64 as 8 big-endian bytes, so that the
-// byte order of non-negative values matches their numeric order.
+// Int64 returns a codec that stores an int64 as 8 big-endian bytes (two's
+// complement): the encoding of Kafka's LongSerializer and LongDeserializer
+// and of Kafka Streams' Serdes.Long(), so a topic or table written by Runnel
+// with it is read by a Java consumer with those, and the other way round.
+// The byte order of non-negative values matches their numeric order. Use it
+// for counters and sums that other Kafka clients read; use DecimalInt64 when
+// people read the bytes (kafka-console-consumer prints "42", not 8 bytes).
 func Int64() Codec[int64] { return int64Codec{} }
 
 func (int64Codec) Encode(v int64) ([]byte, error) {
@@ -108,10 +113,30 @@ func (int64Codec) Decode(b []byte) (int64, error) {
 }
 func (int64Codec) Name() string { return "int64" }
 
+type int32Codec struct{}
+
+// Int32 returns a codec that stores an int32 as 4 big-endian bytes (two's
+// complement): the encoding of Kafka's IntegerSerializer and
+// IntegerDeserializer and of Kafka Streams' Serdes.Integer().
+func Int32() Codec[int32] { return int32Codec{} }
+
+func (int32Codec) Encode(v int32) ([]byte, error) {
+	return binary.BigEndian.AppendUint32(nil, uint32(v)), nil
+}
+func (int32Codec) Decode(b []byte) (int32, error) {
+	if len(b) != 4 {
+		return 0, fmt.Errorf("codec int32: want 4 bytes, got %d", len(b))
+	}
+	return int32(binary.BigEndian.Uint32(b)), nil
+}
+func (int32Codec) Name() string { return "int32" }
+
 type decimalCodec struct{}
 
 // DecimalInt64 returns a codec that stores an int64 as decimal text ("42"),
-// readable by any Kafka tool.
+// readable by any Kafka tool and by people (kafka-console-consumer, `tables
+// dump`), but not by a Java consumer with LongDeserializer: for what other
+// Kafka clients read as a long, use Int64.
 func DecimalInt64() Codec[int64] { return decimalCodec{} }
 
 func (decimalCodec) Encode(v int64) ([]byte, error) { return strconv.AppendInt(nil, v, 10), nil }

@@ -83,3 +83,42 @@ func TestStringViewIsEncode(t *testing.T) {
 		t.Fatalf("View allocates %.0f times per call, want 0", allocs)
 	}
 }
+
+// TestIntegersAreKafkaSerializersBytes: Int64 and Int32 write what Kafka's
+// LongSerializer and IntegerSerializer write (big-endian two's complement;
+// the bytes below are those serializers' output for these values), and
+// refuse any other length.
+func TestIntegersAreKafkaSerializersBytes(t *testing.T) {
+	for _, tc := range []struct {
+		v    int64
+		want []byte
+	}{
+		{42, []byte{0, 0, 0, 0, 0, 0, 0, 42}},
+		{-1, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
+		{1 << 40, []byte{0, 0, 1, 0, 0, 0, 0, 0}},
+	} {
+		b, err := Int64().Encode(tc.v)
+		if err != nil || string(b) != string(tc.want) {
+			t.Fatalf("Int64(%d) = % x, %v; want % x", tc.v, b, err, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		v    int32
+		want []byte
+	}{
+		{42, []byte{0, 0, 0, 42}},
+		{-2, []byte{0xff, 0xff, 0xff, 0xfe}},
+		{math.MinInt32, []byte{0x80, 0, 0, 0}},
+	} {
+		b, err := Int32().Encode(tc.v)
+		if err != nil || string(b) != string(tc.want) {
+			t.Fatalf("Int32(%d) = % x, %v; want % x", tc.v, b, err, tc.want)
+		}
+		if got, err := Int32().Decode(b); err != nil || got != tc.v {
+			t.Fatalf("Int32 round trip of %d = %d, %v", tc.v, got, err)
+		}
+	}
+	if _, err := Int32().Decode([]byte{0, 0, 0, 0, 42}); err == nil {
+		t.Fatal("5 bytes decoded as int32")
+	}
+}

@@ -101,7 +101,7 @@ func BenchmarkReplayNoop(b *testing.B) {
 	_ = p.Close()
 	for i := 0; i < b.N; i++ {
 		h := &host{}
-		src := agent.NewTopic(h, topic, codec.String(), codec.String(), parts)
+		src := newTopic(h, topic, codec.String(), codec.String(), parts)
 		fx := agent.NewEffect("count")
 		var counted [parts]int64
 		runner := agent.New(h, "noop", src, func(ctx context.Context, s *agent.Stream[string, string]) error {

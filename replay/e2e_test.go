@@ -176,8 +176,8 @@ type auditApp struct {
 func newAuditApp(topic string, once *SQLOnce, delay time.Duration, db *downDB) *auditApp {
 	h := &host{}
 	a := &auditApp{}
-	events := agent.NewTopic(h, topic, codec.String(), codec.JSON[change](), 8)
-	notifications := agent.NewTopic(h, topic+"-notifications", codec.String(), codec.String(), 8)
+	events := newTopic(h, topic, codec.String(), codec.JSON[change](), 8)
+	notifications := newTopic(h, topic+"-notifications", codec.String(), codec.String(), 8)
 	th := &tableHost{}
 	perActor := table.New(th, "commits-per-actor", codec.String(), codec.DecimalInt64())
 	a.tables = th.defs
@@ -211,7 +211,7 @@ func newAuditApp(topic string, once *SQLOnce, delay time.Duration, db *downDB) *
 			}
 		}
 		return s.Err()
-	}, agent.OnError(agent.StopWorker))
+	}, agent.OnError(agent.StopWorker), agent.WritesTo(perActor), agent.SendsTo(notifications))
 	return a
 }
 

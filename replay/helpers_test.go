@@ -14,6 +14,7 @@ import (
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/codec"
 	"github.com/runnel-dev/runnel/internal/testbroker"
+	"github.com/runnel-dev/runnel/internal/topicdecl"
 )
 
 // day0 is the start of the test's calendar day.
@@ -111,6 +112,15 @@ func (h *host) AppID() string                { return "replay-test" }
 func (h *host) RegisterTopic(agent.TopicDef) {}
 func (h *host) RegisterAgent(r agent.Def)    { h.agents = append(h.agents, r) }
 
+// newTopic declares a topic on h as app.Topic declares one on an App (replay
+// cannot import app, which imports replay).
+func newTopic[K, V any](h agent.Host, name string, kc codec.Codec[K], vc codec.Codec[V], partitions int32) *agent.Topic[K, V] {
+	t := new(agent.Topic[K, V])
+	topicdecl.Init(t, name, partitions, kc, vc)
+	h.RegisterTopic(t)
+	return t
+}
+
 // probe is an agent under replay: it applies the "audit" effect (recording
 // each record's partition and offset), calls a "notify" effect that must
 // stay skipped, and sends every record to an output topic (a sink that a
@@ -131,8 +141,8 @@ type probe struct {
 func newProbe(topic string, partitions int32, opts ...agent.Option) *probe {
 	pr := &probe{applied: map[string]bool{}, order: map[int32][]int64{}}
 	h := &host{}
-	src := agent.NewTopic(h, topic, codec.String(), codec.String(), partitions)
-	out := agent.NewTopic(h, topic+"-out", codec.String(), codec.String(), partitions)
+	src := newTopic(h, topic, codec.String(), codec.String(), partitions)
+	out := newTopic(h, topic+"-out", codec.String(), codec.String(), partitions)
 	pr.audit = agent.NewEffect("audit")
 	pr.notifyFx = agent.NewEffect("notify")
 	pr.runner = agent.New(h, "probe", src, func(ctx context.Context, s *agent.Stream[string, string]) error {
@@ -170,7 +180,7 @@ func newProbe(topic string, partitions int32, opts ...agent.Option) *probe {
 			}
 		}
 		return s.Err()
-	}, append([]agent.Option{agent.OnError(agent.StopWorker)}, opts...)...)
+	}, append([]agent.Option{agent.OnError(agent.StopWorker), agent.SendsTo(out)}, opts...)...)
 	return pr
 }
 

@@ -443,9 +443,18 @@ loop:
 }
 
 // replayEnv is the runtime the agent sees on partition p: scratch table
-// states, a sink that drops (and counts) every record, and the gate.
+// states, a sink that drops (and counts) every record, and the gate. The
+// agent writes and sends only what it declared, as in a worker
+// (table.UndeclaredError).
 func replayEnv(p *part, target Target, partitions int32) (*tablestate.Env, error) {
 	env := &tablestate.Env{States: map[string]*tablestate.State{}, InFlight: &tablestate.InFlight{}, Replay: p.gate}
+	env.Agent = target.Agent.Name()
+	for _, t := range agentrt.RunnerOf(target.Agent).Settings().Tables {
+		env.Writes = append(env.Writes, t.Name())
+	}
+	for _, t := range agentrt.RunnerOf(target.Agent).Settings().Sinks {
+		env.Sends = append(env.Sends, t.Name())
+	}
 	env.Send = func(_ string, _ int32, _, _ []byte, ack tablestate.Acker) error {
 		p.suppressed.Add(1)
 		ack.Acked(-1, nil)

@@ -369,3 +369,93 @@ func TestCompute(t *testing.T) {
 		}
 	}
 }
+
+// TestUndeclaredWriteAndSendAreRefused: an agent that writes a table it did
+// not declare with agent.WritesTo, or sends to a topic it did not declare
+// with agent.SendsTo, gets a *table.UndeclaredError naming the agent, the
+// table or topic and the option to add; the worker stops on it (with the
+// default error policy, which would otherwise retry), the record is neither
+// dead-lettered nor committed, and nothing reaches the table or the topic.
+func TestUndeclaredWriteAndSendAreRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name, want string
+		check      func(*table.UndeclaredError) bool
+		write      bool
+	}{
+		{name: "write", write: true, want: "agent count writes table counts, which it did not declare: add agent.WritesTo(",
+			check: func(e *table.UndeclaredError) bool { return e.Agent == "count" && e.Table == "counts" && e.Topic == "" }},
+		{name: "send", want: "agent count sends to topic out, which it did not declare: add agent.SendsTo(",
+			check: func(e *table.UndeclaredError) bool { return e.Agent == "count" && e.Topic == "out" && e.Table == "" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := app.New("undeclared-" + tc.name)
+			in := app.Topic(a, "in", codec.String(), codec.String(), app.Partitions(1))
+			out := app.Topic(a, "out", codec.String(), codec.String(), app.Partitions(1))
+			counts := table.New(a, "counts", codec.String(), codec.DecimalInt64())
+			agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
+				for ev := range s.Events() {
+					// The short forms fail the event with the error: the
+					// stream ends and Err returns it.
+					if tc.write {
+						counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
+					} else {
+						out.Send(ev, ev.Key, ev.Value)
+					}
+				}
+				return s.Err()
+			}) // no agent.WritesTo(counts), no agent.SendsTo(out)
+			d, err := runneltest.Start(a, runneltest.Options{Timeout: 20 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			if _, _, err := runneltest.Send(d, in, "k", "v"); err != nil {
+				t.Fatal(err)
+			}
+			err = d.Wait()
+			var ue *table.UndeclaredError
+			if !errors.As(err, &ue) || !tc.check(ue) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Wait = %v (%+v), want an UndeclaredError: %s...", err, ue, tc.want)
+			}
+			for _, w := range d.Workers() {
+				if n := w.DeadLettered(); n != 0 {
+					t.Errorf("%d records dead-lettered, want none: the record waits for the fix", n)
+				}
+			}
+		})
+	}
+}
+
+// TestUndeclaredSendOfTimerIsRefused: a timer writes and sends as its
+// agent, so a send to a topic the agent did not declare is refused there
+// too, and stops the worker with the error naming the agent and the topic.
+func TestUndeclaredSendOfTimerIsRefused(t *testing.T) {
+	a := app.New("undeclared-timer")
+	in := app.Topic(a, "in", codec.String(), codec.String(), app.Partitions(1))
+	ticks := app.Topic(a, "ticks", codec.String(), codec.String(), app.Partitions(1))
+	agent.New(a, "ticker", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
+		for range s.Events() {
+		}
+		return s.Err()
+	}, agent.Every(20*time.Millisecond, agent.WallClock, func(ctx context.Context, tk *agent.Tick) error {
+		ticks.Send(tk, "k", tk.Time.String()) // fails the firing with the error
+		return nil
+	})) // no agent.SendsTo(ticks)
+	d, err := runneltest.Start(a, runneltest.Options{Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, _, err := runneltest.Send(d, in, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	// The worker stops at the first firing, 20 ms or so after it started:
+	// Wait returns nil until then (everything sent was processed).
+	var ue *table.UndeclaredError
+	deadline := time.Now().Add(20 * time.Second)
+	for err = d.Wait(); err == nil && time.Now().Before(deadline); err = d.Wait() {
+	}
+	if !errors.As(err, &ue) || ue.Agent != "ticker" || ue.Topic != "ticks" || !strings.Contains(err.Error(), "add agent.SendsTo(") {
+		t.Fatalf("Wait = %v, want the UndeclaredError of agent ticker's send to ticks", err)
+	}
+}

@@ -187,6 +187,9 @@ func (t *GlobalTable[K, V]) TryDelete(ev Event, key K) error { return deleteKey[
 
 // writer implements writable.
 func (t *GlobalTable[K, V]) writer(ev Event) (partitionWriter, error) {
+	if err := checkWrite(envOf(ev), t.name); err != nil {
+		return nil, err
+	}
 	s, err := t.current(ev)
 	return writerOf((*globalWriter)(s), err)
 }

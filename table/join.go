@@ -131,7 +131,7 @@ func Join[K any, VL any, VR any, VO any](h Host, name string, kind JoinKind, lef
 	if left.opts.partitions > 0 {
 		opts = append([]Option{Partitions(left.opts.partitions)}, opts...)
 	}
-	j := &Joined[K, VO]{Table: &Table[K, VO]{declared: declare(h, name, left.kc, vc, opts)}, kind: kind,
+	j := &Joined[K, VO]{Table: &Table[K, VO]{declared: declare(h, name, left.kc, vc, opts), joined: true}, kind: kind,
 		left: left.name, right: right.name}
 	j.link = tablestate.NewLink(joinRuntime[K, VO]{j})
 	h.RegisterTable(j)

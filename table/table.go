@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
+	"slices"
 
 	"github.com/runnel-dev/runnel/changelog"
 	"github.com/runnel-dev/runnel/codec"
@@ -37,6 +38,35 @@ type link = tablestate.Link
 // envOf returns the runtime of the worker processing ev, nil outside a worker.
 func envOf(ev Event) *tablestate.Env { return tablestate.EnvOf(ev) }
 
+// UndeclaredError is the error of a table write or a send that the agent
+// making it did not declare: Table names a table it wrote without
+// agent.WritesTo, or Topic a topic it sent to without agent.SendsTo. It is a
+// fix of the code that no redelivery makes: the worker stops on it, and the
+// record is not committed.
+type UndeclaredError struct {
+	Agent string
+	// Table or Topic (one of them) is what the agent wrote or sent to.
+	Table, Topic string
+}
+
+func (e *UndeclaredError) Error() string {
+	if e.Table != "" {
+		return fmt.Sprintf("agent %s writes table %s, which it did not declare: add agent.WritesTo(<table %s>) to the options of agent.New for %s", e.Agent, e.Table, e.Table, e.Agent)
+	}
+	return fmt.Sprintf("agent %s sends to topic %s, which it did not declare: add agent.SendsTo(<topic %s>) to the options of agent.New for %s", e.Agent, e.Topic, e.Topic, e.Agent)
+}
+
+// checkWrite returns an *UndeclaredError when the agent of e (a worker's
+// runtime) did not declare that
+// it writes the table name (agent.WritesTo); nil when it did or e checks
+// nothing.
+func checkWrite(e *tablestate.Env, name string) error {
+	if e == nil || e.Agent == "" || slices.Contains(e.Writes, name) {
+		return nil
+	}
+	return &UndeclaredError{Agent: e.Agent, Table: name}
+}
+
 // Host is what a table registers with: the App.
 type Host interface {
 	// AppID names the consumer group and prefixes the changelog topics.
@@ -60,14 +90,28 @@ type Def interface {
 	Format(key, value []byte) (k string, v any, err error)
 }
 
-// Option configures a table.
-type Option func(*options)
+// Option configures a table (New, NewGlobal, Join). Every Option is also a
+// WindowOption, so Partitions configures a windowed table too.
+type Option interface {
+	WindowOption
+	apply(*options)
+}
 
 type options struct{ partitions int32 }
 
-// Partitions sets the table's partition count; default: that of the source
-// topics of the app (which must then agree).
-func Partitions(n int32) Option { return func(o *options) { o.partitions = n } }
+// Partitions sets the table's partition count (New, NewGlobal, Join,
+// NewWindowed); default: that of the source topics of the app (which must
+// then agree). It is the partition count of the table's changelog topic, and
+// a table is written from a topic with the same count (co-partitioning: the
+// App refuses another at build). app.Partitions sets a topic's, and
+// agent.Partitions a repartition topic's.
+func Partitions(n int32) Option { return partitionsOption(n) }
+
+// partitionsOption is Partitions: a table option and a window option.
+type partitionsOption int32
+
+func (n partitionsOption) apply(o *options)             { o.partitions = int32(n) }
+func (n partitionsOption) applyWindow(o *windowOptions) { o.partitions = int32(n) }
 
 // Table is a typed, partitioned key/value table. Writes go to the write cache
 // of the event's partition and reach the changelog and the store in the
@@ -78,6 +122,10 @@ type Table[K any, V any] struct {
 	// watchers run after every successful write (Put, Delete), with the same
 	// event (the joins of the table: join.go). Set at declaration.
 	watchers []func(ev Event, key K) error
+	// joined is set on the table of a join (Join): the join writes it when
+	// an agent writes one of its sides, which the agent declared, so its
+	// writes are not checked against the agent's declarations.
+	joined bool
 }
 
 // watch adds fn to the functions run after every write of the table.
@@ -123,7 +171,7 @@ func (d *declared[K, V]) encodeValue(key K, value V) ([]byte, error) {
 func declare[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.Codec[V], opts []Option) declared[K, V] {
 	d := declared[K, V]{name: name, topic: changelog.Topic(h.AppID(), name), kc: kc, vc: vc}
 	for _, o := range opts {
-		o(&d.opts)
+		o.apply(&d.opts)
 	}
 	return d
 }
@@ -277,6 +325,11 @@ func (t *Table[K, V]) TryDelete(ev Event, key K) error { return deleteKey[K, V](
 
 // writer implements writable.
 func (t *Table[K, V]) writer(ev Event) (partitionWriter, error) {
+	if !t.joined {
+		if err := checkWrite(envOf(ev), t.name); err != nil {
+			return nil, err
+		}
+	}
 	s, err := t.current(ev)
 	return writerOf((*stateWriter)(s), err)
 }

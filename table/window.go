@@ -136,8 +136,15 @@ type WindowValue[V any] struct {
 	Value  V
 }
 
-// WindowOption configures a windowed table.
-type WindowOption func(*windowOptions)
+// WindowOption configures a windowed table (NewWindowed): the window options
+// (Grace, Retention, EventTime, OnClose, EmitOnClose) and every table Option
+// (Partitions).
+type WindowOption interface{ applyWindow(*windowOptions) }
+
+// windowOption is a window-only option.
+type windowOption func(*windowOptions)
+
+func (f windowOption) applyWindow(o *windowOptions) { f(o) }
 
 type windowOptions struct {
 	grace, retention time.Duration
@@ -152,7 +159,7 @@ type windowOptions struct {
 // late) once the partition's stream time reaches end + grace. Default 0; there
 // is no hidden default grace (Kafka Streams' old 24 h default surprised users,
 // KIP-633).
-func Grace(d time.Duration) WindowOption { return func(o *windowOptions) { o.grace = d } }
+func Grace(d time.Duration) WindowOption { return windowOption(func(o *windowOptions) { o.grace = d }) }
 
 // Retention sets how long a window is kept after its start, in stream time:
 // the window is deleted (a tombstone in the changelog) once stream time reaches
@@ -161,13 +168,15 @@ func Grace(d time.Duration) WindowOption { return func(o *windowOptions) { o.gra
 // Range). The changelog topic's retention.ms is set to this plus one day
 // (Kafka Streams' windowstore.changelog.additional.retention.ms), measured on
 // the changelog records' own (wall-clock) timestamps.
-func Retention(d time.Duration) WindowOption { return func(o *windowOptions) { o.retention = d } }
+func Retention(d time.Duration) WindowOption {
+	return windowOption(func(o *windowOptions) { o.retention = d })
+}
 
 // EventTime sets how a record's event time is found; default: the source
 // record's timestamp (a timer's Tick: its Time). A function returning an error fails the
 // write. UpdateAt takes the event time explicitly instead.
 func EventTime(fn func(ev Event) (time.Time, error)) WindowOption {
-	return func(o *windowOptions) { o.eventTime = fn }
+	return windowOption(func(o *windowOptions) { o.eventTime = fn })
 }
 
 // OnClose sets the function called once per window with the window's final
@@ -177,7 +186,7 @@ func EventTime(fn func(ev Event) (time.Time, error)) WindowOption {
 // goroutine, after the write of the record that advanced stream time, and
 // must not block for long.
 func OnClose[K, V any](fn func(key K, w Window, final V)) WindowOption {
-	return func(o *windowOptions) { o.onClose = fn }
+	return windowOption(func(o *windowOptions) { o.onClose = fn })
 }
 
 // EmitOnClose is OnClose with the event whose write closed the window, so
@@ -196,12 +205,8 @@ func OnClose[K, V any](fn func(key K, w Window, final V)) WindowOption {
 // table's key and value types; fn runs on the agent's goroutine, after
 // OnClose if both are set.
 func EmitOnClose[K, V any](fn func(ev Event, key K, w Window, final V) error) WindowOption {
-	return func(o *windowOptions) { o.emitOnClose = fn }
+	return windowOption(func(o *windowOptions) { o.emitOnClose = fn })
 }
-
-// WindowPartitions sets the table's partition count (like Partitions for a
-// Table); default: that of the source topics.
-func WindowPartitions(n int32) WindowOption { return func(o *windowOptions) { o.partitions = n } }
 
 // ErrNoEventTime is returned by a windowed write whose event carries no
 // timestamp and for which no EventTime option is set.
@@ -267,7 +272,7 @@ type partKey struct {
 func NewWindowed[K any, V any](h Host, name string, kc codec.Codec[K], vc codec.Codec[V], ws Windows, opts ...WindowOption) *Windowed[K, V] {
 	var o windowOptions
 	for _, f := range opts {
-		f(&o)
+		f.applyWindow(&o)
 	}
 	t := &Windowed[K, V]{name: name, topic: changelog.Topic(h.AppID(), name), kc: kc, vc: vc, ws: ws,
 		partitions: o.partitions, parts: map[partKey]*windowPart{}, eventTime: o.eventTime}
@@ -466,6 +471,9 @@ func (t *Windowed[K, V]) TryUpdateAt(ev Event, key K, at time.Time, fn func(old 
 	}
 	s, err := t.state(ev)
 	if err != nil {
+		return 0, err
+	}
+	if err := checkWrite(envOf(ev), t.name); err != nil {
 		return 0, err
 	}
 	kb, err := t.kc.Encode(key)

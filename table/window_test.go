@@ -86,7 +86,7 @@ func newWeekApp(id string, grace time.Duration, closes *closeLog) *weekApp {
 			w.weeks.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(w.weeks))
 	return w
 }
 
@@ -478,7 +478,7 @@ func newHopApp(id string, closes *closeLog) *hopApp {
 			h.probe(ev)
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(h.counts))
 	return h
 }
 

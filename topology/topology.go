@@ -32,7 +32,8 @@ type Topic struct {
 }
 
 // Agent is a declared agent: its source topic, the sink topics and tables it
-// declared (agent.SendsTo, agent.WritesTo) and its dead-letter topic.
+// declared (agent.SendsTo, agent.WritesTo; the worker refuses any other) and
+// its dead-letter topic.
 type Agent struct {
 	Name            string   `json:"name"`
 	Source          string   `json:"source"`
@@ -281,8 +282,9 @@ func (g *Graph) WriteText(w io.Writer) error {
 // topics as ellipses, agents as boxes, tables as cylinders (their changelog
 // in the label), dead-letter topics dashed. Edges: source topic -> agent ->
 // sink topics and tables, agent -> dead-letter topic (dashed). Sinks and
-// tables appear as far as the agents declared them (agent.SendsTo,
-// agent.WritesTo).
+// tables are those the agents declared (agent.SendsTo, agent.WritesTo),
+// which the worker makes all of them: it refuses a send or a write an agent
+// did not declare.
 func (g *Graph) WriteDOT(w io.Writer) error {
 	var b strings.Builder
 	q := func(kind, name string) string { return strconv.Quote(kind + ":" + name) }

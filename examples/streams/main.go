@@ -10,7 +10,12 @@ package main
 import (
 	"time"
 
+	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/examples/streams/pipeline"
 )
 
-func main() { pipeline.Build("change-streams", 2*time.Second).App.Main() }
+// main runs the command line; `dev --input FILE` and `send FILE` load FILE
+// into change-events, keyed by each line's actor.
+func main() {
+	pipeline.Build("change-streams", 2*time.Second).App.Main(app.DevInput("change-events", "actor"))
+}

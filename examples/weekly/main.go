@@ -53,7 +53,6 @@ var ISOWeeks = table.Tumbling(week).WithOffset(4 * 24 * time.Hour)
 // Build declares the app with the given ID ("weekly" from main; tests use
 // unique IDs).
 func Build(id string, opts ...app.Option) *Weekly {
-	opts = append([]app.Option{app.WithDevInput("change-events", "actor")}, opts...)
 	a := app.New(id, opts...)
 	w := &Weekly{App: a}
 	w.Changes = app.Topic(a, "change-events", codec.String(), codec.JSON[Change](), app.Partitions(8))
@@ -79,4 +78,6 @@ func Build(id string, opts ...app.Option) *Weekly {
 	return w
 }
 
-func main() { Build("weekly").App.Main() }
+// main runs the command line; `dev --input FILE` and `send FILE` load FILE
+// into change-events, keyed by each line's actor.
+func main() { Build("weekly").App.Main(app.DevInput("change-events", "actor")) }

@@ -70,7 +70,7 @@ func TestWeeklyWholeFile(t *testing.T) {
 		app.WithGroupTimeouts(testbroker.SessionTimeout, testbroker.HeartbeatInterval, testbroker.RebalanceTimeout, testbroker.MaxWaitTime))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	res, err := w.App.Process(ctx, testbroker.Brokers(t), app.DevOptions{Workers: 2, Input: dataFile, DataDir: t.TempDir()})
+	res, err := w.App.Process(ctx, testbroker.Brokers(t), app.DevOptions{Workers: 2, Input: dataFile, InputTopic: "change-events", KeyField: "actor", DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

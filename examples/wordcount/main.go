@@ -32,7 +32,7 @@ type Wordcount struct {
 // Build declares the app under the app ID id (the consumer group, and the
 // prefix of its changelog and dead-letter topics).
 func Build(id string) *Wordcount {
-	a := app.New(id, app.WithDevInput("lines", "id"))
+	a := app.New(id)
 	w := &Wordcount{
 		App:    a,
 		Lines:  app.Topic(a, "lines", codec.String(), codec.JSON[Line](), app.Partitions(4)),
@@ -61,5 +61,6 @@ func Build(id string) *Wordcount {
 }
 
 func main() {
-	Build("wordcount-demo").App.Main()
+	// `dev --input FILE` and `send FILE` load FILE into lines, keyed by id.
+	Build("wordcount-demo").App.Main(app.DevInput("lines", "id"))
 }

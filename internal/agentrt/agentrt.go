@@ -52,9 +52,11 @@ type Settings struct {
 	// DeadLetterTopic is where the agent's rejected records go; empty means
 	// "<app>-<agent>-dlq".
 	DeadLetterTopic string
-	// Sinks and Tables name the topics the agent sends to and the tables it
-	// writes, as declared with agent.SendsTo and agent.WritesTo.
-	Sinks, Tables []string
+	// Sinks are the topics the agent sends to (agent.SendsTo) and Tables
+	// the tables it writes (agent.WritesTo): a write or send elsewhere fails
+	// with a *table.UndeclaredError.
+	Sinks  []Topic
+	Tables []tablestate.Def
 	// Timers run on every partition of the agent's topic (agent.Every,
 	// agent.Cron).
 	Timers []Timer
@@ -64,6 +66,16 @@ type Settings struct {
 	Lookups []tablestate.Def
 	// Effects name the effects the agent applies (agent.Applies).
 	Effects []string
+}
+
+// Topic is a declared topic as the runtime reads it: the method set of
+// agent.TopicDef.
+type Topic interface {
+	Name() string
+	// Partitions is the declared partition count.
+	Partitions() int32
+	KeyCodec() string
+	ValueCodec() string
 }
 
 // ErrorPolicy is agent.ErrorPolicy as the runtime reads it: the same values.

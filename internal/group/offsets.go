@@ -246,8 +246,17 @@ func (q *OffsetCommitter[K]) send() {
 			errs := m.commitOnce(sess, mine)
 			for i, r := range mine {
 				if errs[i] == nil {
-					for _, o := range r.offs {
-						sess.MarkOffset(o.Topic, o.Partition, o.Offset, "")
+					// Marked with the metadata just committed: Sarama's
+					// session commits a marked offset again (its periodic
+					// and final commits), and an empty string there erased
+					// the dead-letter position the cycle's commit carried
+					// (the next owner then wrote those dead letters again).
+					for j, o := range r.offs {
+						md := ""
+						if j < len(r.meta) {
+							md = r.meta[j]
+						}
+						sess.MarkOffset(o.Topic, o.Partition, o.Offset, md)
 					}
 				}
 			}

@@ -154,3 +154,38 @@ func equalOffsets(a, b map[int32]int64) bool {
 	}
 	return true
 }
+
+// TestSessionCommitKeepsCycleMetadata: after a cycle's commit the offset is
+// marked in Sarama's session, whose own commits (the worker's periodic
+// session commit, Cleanup's) send it again; the mark carries the metadata
+// the cycle committed, so the group keeps it (the dead-letter position the
+// next owner reads). With an empty mark, the session's commit erased it.
+func TestSessionCommitKeepsCycleMetadata(t *testing.T) {
+	brokers := testbroker.Brokers(t)
+	topic := testbroker.Topic(t, "in")
+	testbroker.CreateTopic(t, brokers, topic, 1, nil)
+	group := testbroker.Topic(t, "g")
+	sess := memberOf(t, brokers, group, topic)
+	client := testbroker.Client(t, brokers)
+	var mu sync.Mutex
+	m := Member{Client: client, Group: group, Mu: &mu, Log: slog.New(slog.DiscardHandler)}
+	q := &OffsetCommitter[int]{}
+	const meta = "runnel-dlq:in-a-dlq=7"
+	if err := q.CommitSync(context.Background(), m, 0, sess, []task.Offset{{Topic: topic, Partition: 0, Offset: 5}},
+		func() []string { return []string{meta} }); err != nil {
+		t.Fatal(err)
+	}
+	sess.Commit() // what the worker's session ticker and Cleanup do
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := admin.ListConsumerGroupOffsets(group, map[string][]int32{topic: {0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := resp.GetBlock(topic, 0)
+	if b == nil || b.Offset != 5 || b.Metadata != meta {
+		t.Fatalf("committed %+v, want offset 5 with metadata %q", b, meta)
+	}
+}

@@ -92,6 +92,14 @@ type Env struct {
 	// (agent.Effect) still applies. Nil in a live worker: every effect
 	// applies.
 	Replay ReplayGate
+	// Agent, when not empty, names the agent whose events and timer
+	// firings use this Env; Writes and Sends are the tables and topics it
+	// declared (agent.WritesTo, agent.SendsTo). A write to another table
+	// or a send to another topic is refused with a *table.UndeclaredError,
+	// so what describe shows is everything the agent writes. Empty: nothing
+	// is checked (the worker's own writes, such as a join's backfill).
+	Agent         string
+	Writes, Sends []string
 }
 
 // ReplayGate is how a replay (package replay) tells an agent's named effects

@@ -113,7 +113,7 @@ func run() error {
 				out.Send(ev, ev.Key, strings.ToUpper(ev.Value))
 			}
 			return s.Err()
-		})
+		}, agent.SendsTo(out))
 	case "stateful":
 		counts := table.New(a, "counts", codec.String(), codec.DecimalInt64())
 		agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
@@ -124,7 +124,7 @@ func run() error {
 				counts.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 			}
 			return s.Err()
-		})
+		}, agent.WritesTo(counts))
 	default:
 		return fmt.Errorf("BENCH_WORKLOAD %q: want stateless or stateful", w)
 	}

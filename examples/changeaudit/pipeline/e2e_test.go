@@ -135,7 +135,7 @@ func TestWholeFileTwoWorkers(t *testing.T) {
 	defer cancel()
 	brokers := testbroker.Brokers(t)
 	inspected := false
-	res, err := p.App.Process(ctx, brokers, app.DevOptions{Workers: 2, Input: dataFile, DataDir: t.TempDir(),
+	res, err := p.App.Process(ctx, brokers, app.DevOptions{Workers: 2, Input: dataFile, InputTopic: pipeline.InputTopic, KeyField: pipeline.InputKey, DataDir: t.TempDir(),
 		Inspect: func(ws []*app.Worker) {
 			inspected = true
 			assertStandbys(t, ctx, brokers, ws)
@@ -212,7 +212,7 @@ func TestRestartRestoresFromCheckpoint(t *testing.T) {
 	brokers := testbroker.Brokers(t)
 	dirA, dirB := t.TempDir(), t.TempDir()
 
-	res1, err := p.App.Process(ctx, brokers, app.DevOptions{Input: first, DataDir: dirA})
+	res1, err := p.App.Process(ctx, brokers, app.DevOptions{Input: first, InputTopic: pipeline.InputTopic, KeyField: pipeline.InputKey, DataDir: dirA})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestRestartRestoresFromCheckpoint(t *testing.T) {
 	h1 := changelogEnd(t, brokers, p)
 
 	// A worker on a fresh data dir replays every changelog offset written so far.
-	res2, err := p.App.Process(ctx, brokers, app.DevOptions{Input: second, DataDir: dirB})
+	res2, err := p.App.Process(ctx, brokers, app.DevOptions{Input: second, InputTopic: pipeline.InputTopic, KeyField: pipeline.InputKey, DataDir: dirB})
 	if err != nil {
 		t.Fatal(err)
 	}

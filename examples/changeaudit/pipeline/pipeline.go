@@ -33,6 +33,13 @@ type DirChange struct {
 	Actor   string `json:"actor"`
 }
 
+// InputTopic is the topic of the change events, and InputKey the field of
+// each JSONL line of them that keys the record (dev, send).
+const (
+	InputTopic = "change-events"
+	InputKey   = "actor"
+)
+
 // Pipeline is the declared app with handles on its topics and tables.
 type Pipeline struct {
 	App             *app.App
@@ -46,10 +53,9 @@ type Pipeline struct {
 // Build declares the change-audit app with the given app ID ("change-audit"
 // in production; tests use unique IDs so that runs never share a group).
 func Build(id string, opts ...app.Option) *Pipeline {
-	opts = append([]app.Option{app.WithDevInput("change-events", "actor")}, opts...)
 	a := app.New(id, opts...)
 	p := &Pipeline{App: a}
-	p.Events = app.Topic(a, "change-events", codec.String(), codec.JSON[Change](), app.Partitions(8))
+	p.Events = app.Topic(a, InputTopic, codec.String(), codec.JSON[Change](), app.Partitions(8))
 	p.CommitsPerActor = table.New(a, "commits-per-actor", codec.String(), codec.DecimalInt64())
 	p.LinesPerActor = table.New(a, "lines-per-actor", codec.String(), codec.DecimalInt64())
 	p.EventsPerDir = table.New(a, "events-per-dir", codec.String(), codec.DecimalInt64())

@@ -129,7 +129,7 @@ func TestExampleOneWorker(t *testing.T) {
 	defer cancel()
 	brokers := testbroker.Brokers(t)
 	var tops map[int32]pipeline.Top
-	res, err := p.App.Process(ctx, brokers, app.DevOptions{Workers: 1, Input: testbroker.WriteLines(t, lines), DataDir: t.TempDir(),
+	res, err := p.App.Process(ctx, brokers, app.DevOptions{Workers: 1, Input: testbroker.WriteLines(t, lines), InputTopic: "change-events", KeyField: "actor", DataDir: t.TempDir(),
 		Inspect: func([]*app.Worker) {
 			client, err := sarama.NewClient(brokers, testbroker.SaramaConfig(t))
 			if err != nil {

@@ -55,7 +55,6 @@ type Pipeline struct {
 // Build declares the app with the given ID; topEvery is the interval of the
 // top-actor timer (wall clock).
 func Build(id string, topEvery time.Duration, opts ...app.Option) *Pipeline {
-	opts = append([]app.Option{app.WithDevInput("change-events", "actor")}, opts...)
 	a := app.New(id, opts...)
 	p := &Pipeline{App: a}
 	p.Events = app.Topic(a, "change-events", codec.String(), codec.JSON[pipeline.Change](), app.Partitions(8))
@@ -84,7 +83,7 @@ func Build(id string, topEvery time.Duration, opts ...app.Option) *Pipeline {
 			p.LinesPerActor.Update(ev, c.Actor, func(n int64) int64 { return n + c.Added + c.Deleted })
 		}
 		return s.Err()
-	}, agent.Every(topEvery, agent.WallClock, p.emitTop))
+	}, agent.Every(topEvery, agent.WallClock, p.emitTop), agent.WritesTo(p.CommitsPerActor, p.LinesPerActor), agent.SendsTo(p.TopActors))
 	agent.New(a, "split-by-dir", p.Events, func(ctx context.Context, s *agent.Stream[string, pipeline.Change]) error {
 		for ev := range s.Events() {
 			for _, d := range ev.Value.Dirs {
@@ -92,19 +91,19 @@ func Build(id string, topEvery time.Duration, opts ...app.Option) *Pipeline {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.SendsTo(p.ByDir))
 	agent.New(a, "count-by-dir", p.ByDir, func(ctx context.Context, s *agent.Stream[string, DirChange]) error {
 		for ev := range s.Events() {
 			p.EventsPerDir.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(p.EventsPerDir))
 	agent.New(a, "count-by-committer", p.ByCommitter, func(ctx context.Context, s *agent.Stream[string, pipeline.Change]) error {
 		for ev := range s.Events() {
 			p.CommitsPerCommitter.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(p.CommitsPerCommitter))
 	return p
 }
 

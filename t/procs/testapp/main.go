@@ -75,8 +75,10 @@ func run() error {
 	// PROCS_FILL=1: a second table keeps each key's last value, so that
 	// large values fill the data dir (the disk-full test).
 	var last *table.Table[string, string]
+	writes := []table.Def{counts}
 	if os.Getenv("PROCS_FILL") == "1" {
 		last = table.New(a, "last", codec.String(), codec.String(), table.Partitions(6))
+		writes = append(writes, last)
 	}
 	agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
@@ -86,7 +88,7 @@ func run() error {
 			}
 		}
 		return s.Err()
-	})
+	}, agent.WritesTo(writes...))
 	w, err := a.NewWorker(app.WorkerOptions{})
 	if err != nil {
 		return err
