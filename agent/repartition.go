@@ -36,16 +36,6 @@ func WithAgentOptions(opts ...Option) RepartitionOption {
 	return func(o *repartitionOptions) { o.agent = append(o.agent, opts...) }
 }
 
-// Repartitioned is implemented by the internal topics Repartition and
-// GroupBy declare: it names the topic they are derived from (for describe).
-type Repartitioned interface {
-	RepartitionOf() string
-}
-
-// RepartitionOf returns the topic this topic re-keys ("" for a topic
-// declared with app.Topic).
-func (t *Topic[K, V]) RepartitionOf() string { return t.repartitionOf }
-
 // Repartition declares the internal topic "<app>-<name>-repartition" that
 // re-keys the records of from: it is created by `worker` and `dev` with
 // from's partition count (or Partitions), with key and value

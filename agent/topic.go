@@ -53,7 +53,25 @@ func init() {
 	topicdecl.Init = func(t any, name string, partitions int32, kc, vc any) {
 		t.(topicSetter).set(name, partitions, kc, vc)
 	}
+	topicdecl.Of = func(t any) (topicdecl.Runtime, bool) {
+		r, ok := t.(interface{ runtime() topicdecl.Runtime })
+		if !ok {
+			return nil, false
+		}
+		return r.runtime(), true
+	}
 }
+
+// topicRuntime is a topic as the worker and the CLI see it
+// (topicdecl.Runtime, reached through topicdecl.Of).
+type topicRuntime[K any, V any] struct{ t *Topic[K, V] }
+
+func (r topicRuntime[K, V]) CheckKey(b []byte) error           { return r.t.CheckKey(b) }
+func (r topicRuntime[K, V]) CheckValue(b []byte) error         { return r.t.CheckValue(b) }
+func (r topicRuntime[K, V]) DecodeKey(b []byte) (any, error)   { return r.t.decodeKey(b) }
+func (r topicRuntime[K, V]) DecodeValue(b []byte) (any, error) { return r.t.decodeValue(b) }
+func (r topicRuntime[K, V]) RepartitionOf() string             { return r.t.repartitionOf }
+func (t *Topic[K, V]) runtime() topicdecl.Runtime              { return topicRuntime[K, V]{t} }
 
 // topicSetter is a *Topic[K, V] as topicdecl.Init sets it up: app.Topic
 // declares every topic a user declares (the one way to declare one).
@@ -82,20 +100,20 @@ func (t *Topic[K, V]) ValueCodec() string { return t.vc.Name() }
 // CheckValue returns the value codec's error for b, nil when b decodes: what
 // `send` asks of every line before it produces anything.
 func (t *Topic[K, V]) CheckValue(b []byte) error {
-	_, err := t.DecodeValue(b)
+	_, err := t.decodeValue(b)
 	return err
 }
 
 // CheckKey returns the key codec's error for b, nil when b decodes: what
 // `send --key-field` asks of every line's key before it produces anything.
 func (t *Topic[K, V]) CheckKey(b []byte) error {
-	_, err := t.DecodeKey(b)
+	_, err := t.decodeKey(b)
 	return err
 }
 
-// DecodeKey decodes b with the key codec, as an agent of the topic does: the
+// decodeKey decodes b with the key codec, as an agent of the topic does: the
 // error names the codec. `dlq tail` shows dead letters with it.
-func (t *Topic[K, V]) DecodeKey(b []byte) (any, error) {
+func (t *Topic[K, V]) decodeKey(b []byte) (any, error) {
 	k, err := t.kc.Decode(b)
 	if err != nil {
 		return nil, codecError("key", t.kc.Name(), err)
@@ -103,10 +121,10 @@ func (t *Topic[K, V]) DecodeKey(b []byte) (any, error) {
 	return k, nil
 }
 
-// DecodeValue decodes b with the value codec, as an agent of the topic
+// decodeValue decodes b with the value codec, as an agent of the topic
 // does: the error names the codec. `dlq tail` shows dead letters with it
 // and `dlq replay` checks that the agent will decode what it sends back.
-func (t *Topic[K, V]) DecodeValue(b []byte) (any, error) {
+func (t *Topic[K, V]) decodeValue(b []byte) (any, error) {
 	v, err := t.vc.Decode(b)
 	if err != nil {
 		return nil, codecError("value", t.vc.Name(), err)

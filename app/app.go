@@ -152,8 +152,8 @@ func (a *App) Topology() (*topology.Graph, error) {
 	for _, n := range names {
 		t := a.topics[n]
 		tt := topology.Topic{Name: n, Partitions: t.Partitions(), KeyCodec: t.KeyCodec(), ValueCodec: t.ValueCodec()}
-		if rp, ok := t.(agent.Repartitioned); ok {
-			tt.RepartitionOf = rp.RepartitionOf()
+		if r, ok := topicdecl.Of(t); ok {
+			tt.RepartitionOf = r.RepartitionOf()
 		}
 		g.Topics = append(g.Topics, tt)
 	}

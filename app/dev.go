@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/topicdecl"
 	"io"
 	"os"
 	"path/filepath"
@@ -308,8 +309,8 @@ func (a *App) loadInputs(ctx context.Context, client sarama.Client, g *topology.
 // keyCheck returns the key check of a declared topic for SendOptions, or nil
 // when the topic has none.
 func (a *App) keyCheck(topic string) func([]byte) error {
-	if c, ok := a.topics[topic].(interface{ CheckKey([]byte) error }); ok {
-		return c.CheckKey
+	if r, ok := topicdecl.Of(a.topics[topic]); ok {
+		return r.CheckKey
 	}
 	return nil
 }
@@ -317,8 +318,8 @@ func (a *App) keyCheck(topic string) func([]byte) error {
 // valueCheck returns the value check of a declared topic for SendOptions, or
 // nil when the topic has none.
 func (a *App) valueCheck(topic string) func([]byte) error {
-	if c, ok := a.topics[topic].(interface{ CheckValue([]byte) error }); ok {
-		return c.CheckValue
+	if r, ok := topicdecl.Of(a.topics[topic]); ok {
+		return r.CheckValue
 	}
 	return nil
 }

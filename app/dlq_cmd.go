@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/topicdecl"
 	"io"
 	"slices"
 	"strconv"
@@ -665,7 +666,7 @@ func commitReplay(client sarama.Client, group, topic string, offs map[int32]int6
 }
 
 // recordDecoder decodes a record's key and value with the codecs of an
-// agent's source topic (agent.Topic implements it).
+// agent's source topic (an agent.Topic's topicdecl.Runtime).
 type recordDecoder interface {
 	DecodeKey([]byte) (any, error)
 	DecodeValue([]byte) (any, error)
@@ -676,7 +677,7 @@ type recordDecoder interface {
 func (a *App) agentDecoder(agent string) recordDecoder {
 	for _, r := range a.agents {
 		if r.Name() == agent {
-			if d, ok := a.topics[r.Topic()].(recordDecoder); ok {
+			if d, ok := topicdecl.Of(a.topics[r.Topic()]); ok {
 				return d
 			}
 		}

@@ -5,7 +5,11 @@
 // app.Topic is the one declaration users write; agent.Repartition and
 // agent.GroupBy declare the internal topics.
 //
-// topicdecl must never hold state beyond the one function agent sets, nor
+// It also lets the worker and the CLI ask a declared topic what only they
+// need (Of: check and decode raw keys and values with the topic's codecs,
+// the topic a repartition topic re-keys) without agent exporting it.
+//
+// topicdecl must never hold state beyond the functions agent sets, nor
 // import a Runnel package (agent imports it).
 package topicdecl
 
@@ -15,3 +19,21 @@ package topicdecl
 // Runnel, and panics). Package agent sets Init in its init function; it is
 // nil in a program that does not import agent.
 var Init func(t any, name string, partitions int32, keyCodec, valueCodec any)
+
+// Runtime is what the worker and the CLI ask of a declared topic beyond its
+// name, partitions and codec names: decoding a raw key or value with the
+// topic's codecs as its agents do (the error names the codec; `send` checks
+// every line, `dlq tail` and `dlq replay` decode dead letters with it), and
+// the topic a repartition topic re-keys ("" for a declared topic; describe).
+type Runtime interface {
+	CheckKey(b []byte) error
+	CheckValue(b []byte) error
+	DecodeKey(b []byte) (any, error)
+	DecodeValue(b []byte) (any, error)
+	RepartitionOf() string
+}
+
+// Of returns t's Runtime when t is an *agent.Topic[K, V], false for any
+// other topic definition. Package agent sets Of in its init function; it is
+// nil in a program that does not import agent.
+var Of func(t any) (Runtime, bool)
