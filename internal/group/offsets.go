@@ -261,8 +261,16 @@ func (q *OffsetCommitter[K]) send() {
 				}
 			}
 			m.Mu.Unlock()
-			m.Log.Debug("offsets committed", "tasks", len(mine), "generation", sess.GenerationID(),
-				"elapsed", time.Since(began), "err", errors.Join(errs...))
+			if m.Log.Enabled(context.Background(), slog.LevelDebug) {
+				var offs []string
+				for _, r := range mine {
+					for _, o := range r.offs {
+						offs = append(offs, fmt.Sprintf("%s[%d]@%d", o.Topic, o.Partition, o.Offset))
+					}
+				}
+				m.Log.Debug("offsets committed", "tasks", len(mine), "generation", sess.GenerationID(),
+					"elapsed", time.Since(began), "offsets", offs, "err", errors.Join(errs...))
+			}
 			for i, r := range mine {
 				r.done <- errs[i]
 			}

@@ -161,7 +161,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 
-	args := []string{"worker", "--log-level", "info"}
+	// RUNNEL_CHAOS_LOG_LEVEL=debug gives the workers' debug lines (each
+	// offset commit with its offsets, postponed cycles) for a run's analysis.
+	level := "info"
+	if l := os.Getenv("RUNNEL_CHAOS_LOG_LEVEL"); l != "" {
+		level = l
+	}
+	args := []string{"worker", "--log-level", level}
 	if supportsFlag(ctx, bin, "--guarantee") {
 		args = append(args, "--guarantee", cfg.Guarantee)
 	} else {
