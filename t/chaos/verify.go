@@ -450,6 +450,7 @@ func verify(ctx context.Context, client sarama.Client, vi verifyInput) ([]Row, [
 	// The input as the broker holds it: the expected values are computed
 	// from it, and it is compared with what the producer had acknowledged.
 	inIDs := map[string]int{}
+	inPos := map[string]inputPos{} // each event's input record
 	perActor, linesPerActor, perDir := map[string]int64{}, map[string]int64{}, map[string]int64{}
 	wantDir := map[string]map[string]int{}
 	actorOffsets := map[int32]map[string][]int64{} // input offsets per partition and actor, ascending
@@ -478,6 +479,7 @@ func verify(ctx context.Context, client sarama.Client, vi verifyInput) ([]Row, [
 			return
 		}
 		inIDs[ev.EventID]++
+		inPos[ev.EventID] = inputPos{m.Partition, m.Offset}
 		if actorOffsets[m.Partition] == nil {
 			actorOffsets[m.Partition] = map[string][]int64{}
 		}
@@ -549,6 +551,11 @@ func verify(ctx context.Context, client sarama.Client, vi verifyInput) ([]Row, [
 	})
 	if err != nil {
 		return nil, nil, err
+	}
+	if !vi.exactlyOnce && vi.diagDir != "" {
+		if err := writeDuplicateRuns(filepath.Join(vi.diagDir, "dups-"+vi.dirTopic+".txt"), vi.inputTopic, gotDir, wantDir, inPos); err != nil {
+			problems = append(problems, err.Error())
+		}
 	}
 	dirRow := compareMultisets(vi.dirTopic, "input (per dir: event IDs)", vi.exactlyOnce, gotDir, wantDir)
 	if bad > 0 {
@@ -918,4 +925,63 @@ func deadLetterRows(ctx context.Context, client sarama.Client, vi verifyInput, w
 		rows = append(rows, row)
 	}
 	return rows, nil
+}
+
+// inputPos is an input record's partition and offset.
+type inputPos struct {
+	p   int32
+	off int64
+}
+
+// writeDuplicateRuns writes to path, per input partition, the runs of input
+// offsets whose events the repartition topic holds more often than the
+// input asks (at-least-once: processed again by hop 1), one line per run:
+// partition, first and last offset, events in it. Two duplicated offsets
+// belong to one run when fewer than 50 offsets lie between them (events
+// without a directory leave no trace in the repartition topic). A run
+// starts where some member resumed from a committed offset; the workers'
+// debug logs ("offsets committed") tell which commit that was.
+func writeDuplicateRuns(path, inputTopic string, got, want map[string]map[string]int, pos map[string]inputPos) error {
+	dup := map[int32][]int64{}
+	seen := map[string]bool{}
+	for dir, ids := range got {
+		for idActor, n := range ids {
+			if n <= want[dir][idActor] {
+				continue
+			}
+			id, _, _ := strings.Cut(idActor, " ")
+			if seen[id] {
+				continue
+			}
+			seen[id] = true
+			if ip, ok := pos[id]; ok {
+				dup[ip.p] = append(dup[ip.p], ip.off)
+			}
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# %s: runs of input offsets processed again (partition first last events)\n", inputTopic)
+	parts := make([]int32, 0, len(dup))
+	for p := range dup {
+		parts = append(parts, p)
+	}
+	slices.Sort(parts)
+	for _, p := range parts {
+		offs := dup[p]
+		slices.Sort(offs)
+		first, last, n := offs[0], offs[0], 0
+		for _, o := range offs {
+			if o-last >= 50 {
+				fmt.Fprintf(&b, "%d %d %d %d\n", p, first, last, n)
+				first, n = o, 0
+			}
+			last = o
+			n++
+		}
+		fmt.Fprintf(&b, "%d %d %d %d\n", p, first, last, n)
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		return fmt.Errorf("duplicate runs: %w", err)
+	}
+	return nil
 }
