@@ -10,6 +10,8 @@
 # cycle that did not complete, or an abandoned task. It prints one line per
 # run and the events sent again per cause.
 d=sys.argv[1]
+import sys, re, glob, os, datetime as dt
+d=sys.argv[1]
 def ts(s):
     s=s.rstrip('Z'); a,b=s.split('.'); return dt.datetime.fromisoformat(a+'.'+b[:6])
 events=[]  # (time, worker, kind, text)
