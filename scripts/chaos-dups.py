@@ -9,7 +9,6 @@
 # member's work on the partition next: its exit (kill -9, SIGTERM), a final
 # cycle that did not complete, or an abandoned task. It prints one line per
 # run and the events sent again per cause.
-d=sys.argv[1]
 import sys, re, glob, os, datetime as dt
 d=sys.argv[1]
 def ts(s):
