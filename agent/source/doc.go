@@ -29,7 +29,9 @@
 //  5. NewManager validates QueueSize > 0 and AckTimeout > 0.
 //
 // Kafka sources use the Backpressure overflow policy (docs/design.md §3.2): emit
-// blocks while a subscriber queue is full instead of failing the subscriber.
+// blocks while a subscriber queue is full instead of failing the subscriber,
+// and while the group's records in flight count Config.MaxInFlightBytes or
+// more (never with nothing in flight).
 //
 // source must never advance a record before every member of its snapshot
 // resolved it, and never call Advance after Close.

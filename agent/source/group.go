@@ -56,6 +56,9 @@ type entry struct {
 	payload any
 	lane    *lane
 	created time.Time
+	// size is what the record counts toward the group's inFlight bytes
+	// (recordSize), set at fan-out and given back when the pump harvests it.
+	size int64
 	// binds has one binding per member of the fan-out snapshot, in
 	// subscription order. The slice never changes length after fan-out.
 	binds []binding
@@ -187,9 +190,18 @@ type group struct {
 	// recreated at the end on its next record (guarded by mu).
 	lanes   []*lane
 	laneIdx map[any]*lane
-	// spaceCh is non-nil while emit waits for queue room (Backpressure); it is
-	// closed when room may have appeared (guarded by mu).
+	// spaceCh is non-nil while emit waits for queue room or for in-flight
+	// bytes to drop (Backpressure); it is closed when room may have appeared
+	// (guarded by mu).
 	spaceCh chan struct{}
+	// inFlight is the sum of the sizes of the entries fanned out and not yet
+	// harvested by the pump (every entry in a lane; guarded by mu). Under
+	// Backpressure emit waits while it is at or over Config.MaxInFlightBytes
+	// (waitRoomLocked); a group with nothing in flight always lets a record
+	// through, whatever its size, and every entry in flight leaves it by
+	// itself (its subscribers resolve it, fail, time out or go, with no new
+	// record needed), so the wait always ends.
+	inFlight int64
 	// lastLane is the lane of the previous emit (guarded by mu): most
 	// producers emit runs of one lane, so the laneIdx lookup is skipped
 	// while the key repeats and the lane is live.
@@ -386,14 +398,15 @@ func comparableLane(k any) (err error) {
 }
 
 // waitRoomLocked blocks (releasing g.mu) while Backpressure applies and a
-// snapshot member's queue is full. It returns with g.mu held; ok is false
-// when the group is no longer running, waited is true when it released g.mu.
+// snapshot member's queue is full or the group's in-flight bytes are at or
+// over Config.MaxInFlightBytes. It returns with g.mu held; ok is false when
+// the group is no longer running, waited is true when it released g.mu.
 func (g *group) waitRoomLocked() (ok, waited bool) {
 	for {
 		if g.state != running {
 			return false, waited
 		}
-		if g.m.cfg.Overflow != Backpressure || !g.someFullLocked() {
+		if g.m.cfg.Overflow != Backpressure || g.inFlight < g.m.cfg.MaxInFlightBytes && !g.someFullLocked() {
 			return true, waited
 		}
 		waited = true
@@ -546,6 +559,8 @@ func (g *group) emitLocked(rec *Record, payload any, key any, created time.Time)
 	}
 	e := g.newEntryLocked()
 	e.id, e.rec, e.payload, e.created = g.nextEvent, rec, payload, created
+	e.size = recordSize(rec)
+	g.inFlight += e.size
 	if e.lane != ln {
 		e.lane = ln
 	}
@@ -818,7 +833,11 @@ func (g *group) pass(ctx context.Context) (bool, error) {
 func (g *group) harvestLocked(ln *lane, dst []*entry) []*entry {
 	start := ln.head
 	for ln.head < len(ln.q) && ln.q[ln.head].pending == 0 {
+		g.inFlight -= ln.q[ln.head].size
 		ln.head++
+	}
+	if ln.head > start && g.inFlight < g.m.cfg.MaxInFlightBytes {
+		g.wakeEmitLocked() // in-flight bytes dropped under the bound
 	}
 	popped := append(dst, ln.q[start:ln.head]...)
 	clear(ln.q[start:ln.head])

@@ -45,6 +45,9 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.CohortGrace < 0 {
 		return nil, fmt.Errorf("source: CohortGrace must be >= 0, got %s", cfg.CohortGrace)
 	}
+	if cfg.MaxInFlightBytes < 0 {
+		return nil, fmt.Errorf("source: MaxInFlightBytes must be >= 0, got %d", cfg.MaxInFlightBytes)
+	}
 	if cfg.Overflow != FailSubscriber && cfg.Overflow != Backpressure {
 		return nil, fmt.Errorf("source: unknown Overflow policy %d", cfg.Overflow)
 	}
@@ -53,6 +56,9 @@ func NewManager(cfg Config) (*Manager, error) {
 	}
 	if cfg.AckTimeout == 0 {
 		cfg.AckTimeout = DefaultAckTimeout
+	}
+	if cfg.MaxInFlightBytes == 0 {
+		cfg.MaxInFlightBytes = DefaultMaxInFlightBytes
 	}
 	m := &Manager{
 		cfg:     cfg,
