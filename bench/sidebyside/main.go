@@ -206,7 +206,7 @@ func realMain() error {
 		rep := newReport(h, sel, results, nil, 0)
 		fmt.Print(rep.table(), rep.latencyTable())
 		if cfg.doc != "" {
-			return rep.updateDoc(filepath.Join(root, cfg.doc))
+			return rep.updateDoc(docPath(root, cfg.doc))
 		}
 		return nil
 	}
@@ -277,7 +277,7 @@ func realMain() error {
 		return err
 	}
 	if cfg.doc != "" {
-		if err := rep.updateDoc(filepath.Join(root, cfg.doc)); err != nil {
+		if err := rep.updateDoc(docPath(root, cfg.doc)); err != nil {
 			return err
 		}
 		h.logf("wrote %s", cfg.doc)
@@ -520,4 +520,13 @@ func (h *harness) startKafka() (func(), error) {
 	}
 	h.shared = b
 	return func() { b.Close(); stop() }, nil
+}
+
+// docPath is -doc's file: an absolute path as given, a relative one from the
+// repository's root.
+func docPath(root, doc string) string {
+	if filepath.IsAbs(doc) {
+		return doc
+	}
+	return filepath.Join(root, doc)
 }
