@@ -18,7 +18,8 @@ import (
 
 // TxnTasks is a worker's running tasks as its TxnCommitter sees and moves
 // them; T names one task (app's *taskRun). The methods are called with the
-// committer's lock held, and must not call the committer back.
+// committer's lock held (All and Task also without it, from Loop), and must
+// not call the committer back.
 type TxnTasks[T comparable] interface {
 	// All returns the running tasks, ordered as task.Together locks them
 	// (by key).
@@ -61,7 +62,7 @@ type TxnMetrics struct {
 }
 
 // TxnConfig is what a TxnCommitter needs of its worker. Every field is
-// required; none changes after NewTxnCommitter.
+// required (IdleCommit may be 0); none changes after NewTxnCommitter.
 type TxnConfig[T comparable] struct {
 	// Producer is the worker's transactional producer; renewed in place
 	// (kafka.Producer.Renew), never replaced.
