@@ -49,7 +49,7 @@ func (h *handler) Setup(sess sarama.ConsumerGroupSession) error {
 	w := h.w
 	w.log.Info("session started", "generation", sess.GenerationID(), "member", sess.MemberID(), "claims", topicParts(sess.Claims()))
 	if w.txn != nil {
-		w.txn.setSession(sess)
+		w.txn.SetSession(sess)
 	}
 	ctx, cancel := context.WithCancel(sess.Context())
 	h.mu.Lock()
@@ -172,7 +172,7 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 		// claims: the task (under ExactlyOnce, the worker's transaction)
 		// is abandoned, the session restarts and the partition is rebuilt.
 		if w.txn != nil {
-			w.txn.abort(err)
+			w.txn.Abort(err)
 		} else {
 			w.tasks.abandonKey(taskKey{src.Partitions, p}, err)
 		}

@@ -136,7 +136,7 @@ func (pt *partition) deadLetters() *deadLettered {
 
 // markOffset marks next, the offset of the next record to read, for the
 // session's commit: at-least-once only. Under ExactlyOnce only the
-// transactions commit group offsets (TxnOffsetCommit, txnCycles.cycle): a
+// transactions commit group offsets (TxnOffsetCommit, group.TxnCommitter.Cycle): a
 // session commit beside them was a second writer of the group's offsets,
 // one that could move an offset back below what a transaction committed.
 // The metadata names where the dead letters of records from next on start
@@ -182,7 +182,7 @@ func (pt *partition) run(ctx context.Context) error {
 			// would cut the task's caches, which hold writes of this
 			// source's records after its commit point, without waiting for
 			// them to resolve and without this source's offset.
-			w.txn.abort(fmt.Errorf("%s failed: %w", pt.key, err))
+			w.txn.Abort(fmt.Errorf("%s failed: %w", pt.key, err))
 		}
 		// A task fed by other claims too, or abandoned by its own cycles
 		// (its cycle loop ended), cannot restart in place.
@@ -362,10 +362,10 @@ func (pt *partition) incarnation(ctx context.Context, prod *claimProducer) (erro
 			// The final cycle commits the worker's transaction, this
 			// partition's drained records with it; if it cannot, the
 			// transaction is aborted and every partition restarts.
-			if err := w.txn.cycle(fctx, true); err != nil {
+			if err := w.txn.Cycle(fctx, true); err != nil {
 				w.log.Warn("final commit cycle did not complete; the partition's uncommitted records will be processed again", "topic", pt.topic, "partition", pt.p, "err", err)
 				if !errors.Is(err, task.ErrAbandoned) {
-					w.txn.abort(fmt.Errorf("%s stopped: %w", pt.key, err))
+					w.txn.Abort(fmt.Errorf("%s stopped: %w", pt.key, err))
 				}
 			}
 		default:
@@ -552,7 +552,7 @@ type claimProducer struct {
 	// TaskStatus.Waiting; tests wait for them. Guarded by mu.
 	cacheWaiting  bool
 	windowWaiting bool
-	txnWaiting    bool // ExactlyOnce: waits for a transaction to open (handOut)
+	txnWaiting    bool // ExactlyOnce: waits for a transaction to open (HandOut)
 
 	// retryAt is the offset of the record whose failure ended the previous
 	// incarnation, -1 none: the poll loop cycles the records before it,
@@ -778,13 +778,13 @@ func (c *claimProducer) emitBatch(ctx context.Context, msgs []*sarama.ConsumerMe
 			seg = seg[:n]
 		}
 		// ExactlyOnce: a batch is handed out only inside an open
-		// transaction and never while a cycle runs (txnCycles); one hold
+		// transaction and never while a cycle runs (group.TxnCommitter); one hold
 		// of the gate covers the registration of the whole batch.
-		closed := c.pt.w.txn != nil && !c.pt.w.txn.isOpen.Load()
+		closed := c.pt.w.txn != nil && !c.pt.w.txn.IsOpen()
 		if closed {
 			c.setTxnWaiting(true) // no transaction open: an abort's partitions are closing, or a begin failed
 		}
-		release, ok := c.pt.w.txn.handOut(ctx, c.stop)
+		release, ok := c.pt.w.txn.HandOut(ctx, c.stop)
 		if closed {
 			c.setTxnWaiting(false)
 		}
@@ -901,7 +901,7 @@ func (c *claimProducer) waitingFor() string {
 		return WaitWindow
 	case c.txnWaiting:
 		return WaitTransaction
-	case c.paused || (c.pt.w.txn != nil && c.pt.w.txn.gated.Load()):
+	case c.paused || (c.pt.w.txn != nil && c.pt.w.txn.Gated()):
 		return WaitCycle
 	}
 	return ""
@@ -917,7 +917,7 @@ func (c *claimProducer) awaitWindow(ctx context.Context, n int) (int, bool) {
 	var win *group.CutWindow
 	switch {
 	case c.pt.w.txn != nil:
-		win = &c.pt.w.txn.window
+		win = c.pt.w.txn.Window()
 	case c.pt.task != nil:
 		win = &c.pt.task.window
 	default:
@@ -1055,7 +1055,7 @@ func (c *claimProducer) awaitHeld(ctx context.Context, off int64) bool {
 
 // emitFetched registers fetched messages as handed out and fans them out in
 // one batch (batch is scratch space). The caller holds the transaction's
-// hand-out gate (txnCycles.handOut); emitFetched calls release once the
+// hand-out gate (group.TxnCommitter.HandOut); emitFetched calls release once the
 // batch is registered, or discarded, before fanning it out. While a cycle is
 // being cut the whole batch waits; a seek back, or fetching stopped in the
 // meantime, discards it.
@@ -1383,7 +1383,7 @@ func (c *claimProducer) Committable(boundary int64) {
 // transactional topic the committed offset would otherwise stay one marker
 // short of the highwater, and the lag at 1, for ever (Kafka's consumer
 // commits its fetch position for the same reason). Called by a cycle while
-// no record is handed out (txnCycles holds the gate).
+// no record is handed out (group.TxnCommitter holds the gate).
 func (c *claimProducer) skipControl() {
 	c.mu.Lock()
 	idle := c.wm.Pending() == 0 && c.rewind < 0 && !c.closed

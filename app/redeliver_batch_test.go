@@ -153,7 +153,7 @@ func TestEmitFetchedBatchNotHandedOutAfterStop(t *testing.T) {
 }
 
 // handedRecords hands msgs out and checks the handed count. The hand-out gate
-// (txnCycles.handOut) must be released once, after the whole batch is
+// (group.TxnCommitter.HandOut) must be released once, after the whole batch is
 // registered and before any of it is fanned out.
 func (c *claimProducer) handedRecords(t *testing.T, msgs []*sarama.ConsumerMessage, want int64) {
 	t.Helper()

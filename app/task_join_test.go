@@ -29,8 +29,9 @@ func (n namedCutter) CacheSize(int32) (int, int) { return 0, 0 }
 // let in silently, and the task then never cut the other claim's tables:
 // their writes were dropped while the offsets committed (lost updates).
 func TestTaskJoinRefusesOtherTables(t *testing.T) {
-	w := &Worker{log: slog.New(slog.NewTextHandler(io.Discard, nil)), txn: &txnCycles{}}
+	w := &Worker{app: New("task-join"), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	w.metrics = newMetrics(w)
+	w.txn = newTxnCommitter(w) // ExactlyOnce: the tasks have no loop of their own
 	w.tasks.w = w
 	k := taskKey{8, 5}
 	a, b := namedCutter("commits-per-actor"), namedCutter("events-per-dir")
@@ -57,8 +58,9 @@ func TestTaskJoinRefusesOtherTables(t *testing.T) {
 // first claim to its last (takeTable, releaseTable); the worker's tables
 // accept writes only meanwhile (tablestate.State.OwnedWrites).
 func TestTaskOwnsItsTables(t *testing.T) {
-	w := &Worker{log: slog.New(slog.NewTextHandler(io.Discard, nil)), txn: &txnCycles{pending: map[*taskRun]struct{}{}}}
+	w := &Worker{app: New("task-join"), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	w.metrics = newMetrics(w)
+	w.txn = newTxnCommitter(w) // ExactlyOnce: the tasks have no loop of their own
 	w.tasks.w = w
 	def := table.New(New("task-join"), "counts", codec.String(), codec.DecimalInt64(), table.Partitions(8))
 	st := tablestate.NewState(def, 8, stores.NewMemory(), nil)

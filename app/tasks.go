@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
 	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -491,8 +492,8 @@ func (ts *taskSet) leave(k taskKey) {
 			// which may still cut the task's tables, before they go to the
 			// key's next task. A task abandoned on its own (not by an
 			// abort) leaves what it sent in the open transaction: abort it
-			// (txnCycles.leftAlone).
-			x.leftAlone(tr)
+			// (group.TxnCommitter.LeftAlone).
+			x.LeftAlone(tr)
 		}
 		for _, st := range tr.t.Tables {
 			releaseTable(st, k.p)
@@ -505,7 +506,7 @@ func (ts *taskSet) leave(k taskKey) {
 		ts.settleLocked(k) // closed, or standby when its partitions are followed
 		ts.mu.Unlock()
 		if ts.w.txn != nil {
-			ts.w.txn.closed(tr)
+			ts.w.txn.Closed(tr)
 		}
 	}
 }
@@ -522,10 +523,7 @@ func (ts *taskSet) postponed(trs ...*taskRun) {
 // wake asks the task of k for a cycle now (a table cache is full).
 func (ts *taskSet) wake(k taskKey) {
 	if x := ts.w.txn; x != nil {
-		select {
-		case x.wake <- struct{}{}:
-		default:
-		}
+		x.Wake()
 		return
 	}
 	ts.mu.Lock()
@@ -684,5 +682,37 @@ func tableNames(ts []tablestate.Cutter) []string {
 	for i, t := range ts {
 		out[i] = t.Name()
 	}
+	return out
+}
+
+// unresolved returns the most records any source of trs has handed out and
+// not yet resolved.
+func unresolved(trs []*taskRun) int64 {
+	var most int64
+	for _, tr := range trs {
+		for _, s := range tr.t.SourceList() {
+			if c, ok := s.(*claimProducer); ok {
+				most = max(most, c.unresolved())
+			}
+		}
+	}
+	return most
+}
+
+// all returns the running tasks, ordered by key (the order task.Together
+// locks them in).
+func (ts *taskSet) all() []*taskRun {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	out := make([]*taskRun, 0, len(ts.m))
+	for _, tr := range ts.m {
+		out = append(out, tr)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].key.parts != out[j].key.parts {
+			return out[i].key.parts < out[j].key.parts
+		}
+		return out[i].key.p < out[j].key.p
+	})
 	return out
 }

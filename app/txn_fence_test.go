@@ -272,7 +272,7 @@ func TestExactlyOnceSurvivesFencedProducer(t *testing.T) {
 	waitGroupLag0(t, running, client, id, f.words.Name(), 60*time.Second)
 	// One renewal; or two when the fencing producer's InitProducerId, retried
 	// until the broker aborted the worker's transaction, landed after the
-	// first (zombieRule).
+	// first (group.ZombieRule).
 	if n := f.metric(t, "runnel_transactional_producer_renewals_total", "reason=fenced"); n != 1 && n != 2 {
 		t.Errorf("renewals (fenced) = %v, want 1 or 2", n)
 	}

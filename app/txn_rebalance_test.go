@@ -137,7 +137,7 @@ func TestExactlyOnceRebalanceDoesNotAbort(t *testing.T) {
 	// next join (the slowed SyncGroup makes that likely here), its next
 	// assignment is two generations on, and a commit refused meanwhile is
 	// not sent again (a skipped generation may have given one of its
-	// partitions to another member: txnCycles.rejoined). Without resending,
+	// partitions to another member: group.TxnCommitter.rejoined). Without resending,
 	// every rebalance aborts (3 or more here).
 	if aborts > 1 {
 		t.Errorf("worker A aborted %v transactions through two joins and leaves, want at most 1", aborts)

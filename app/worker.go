@@ -61,10 +61,10 @@ type Worker struct {
 	env      *tablestate.Env
 	metrics  *metrics
 
-	parts *tableParts // table partition lifecycles (restores, standby followers)
-	tasks taskSet     // commit cycles of the active partitions (tasks.go)
-	txn   *txnCycles  // ExactlyOnce: the worker's transactions (txn.go); nil otherwise
-	glob  globals     // global-table replicas (global.go)
+	parts *tableParts                   // table partition lifecycles (restores, standby followers)
+	tasks taskSet                       // commit cycles of the active partitions (tasks.go)
+	txn   *group.TxnCommitter[*taskRun] // ExactlyOnce: the worker's transactions (txn.go); nil otherwise
+	glob  globals                       // global-table replicas (global.go)
 
 	mu         sync.Mutex
 	assignment assignor.Assignment               // latest, guarded by mu
@@ -349,7 +349,6 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		// Every reader of the app's topics (the group consumer, restores,
 		// standbys, seeks back) sees only committed transactions.
 		sc.Consumer.IsolationLevel = sarama.ReadCommitted
-		w.txn = newTxnCycles(w)
 	}
 	var closers []func() error
 	defer func() {
@@ -375,7 +374,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	// the same point.
 	pcfg := kafka.ProducerConfig{Brokers: brokers, ClientID: "runnel-" + w.app.id, Security: w.sec,
 		DeliveryTimeout: w.flushBudget(), Logger: w.log}
-	if w.txn != nil {
+	if w.cfg.Guarantee == ExactlyOnce {
 		// One transactional ID per worker, stable across restarts of its
 		// data dir: a restarted worker fences its previous incarnation and
 		// aborts the transaction it left open at once (InitProducerId).
@@ -393,18 +392,16 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		return err
 	}
 	closers = append(closers, w.producer.Close)
-	if w.txn != nil {
-		w.txn.mu.Lock()
-		err := w.txn.beginLocked()
-		w.txn.mu.Unlock()
-		if err != nil {
+	if w.cfg.Guarantee == ExactlyOnce {
+		w.txn = newTxnCommitter(w)
+		if err := w.txn.Begin(); err != nil {
 			return err
 		}
 		// The cycle loop stops before the producer closes (closers run in
 		// reverse order).
 		lctx, stopLoop := context.WithCancel(ctx)
 		loopDone := make(chan struct{})
-		go func() { defer close(loopDone); w.txn.loop(lctx) }()
+		go func() { defer close(loopDone); w.txn.Loop(lctx) }()
 		closers = append(closers, func() error { stopLoop(); <-loopDone; return nil })
 	}
 	send := func(topic string, p int32, key, value []byte, ack tablestate.Acker) error {
@@ -546,7 +543,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	go w.strategy.WatchWarmups(ctx, time.Second)
 	sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{w.strategy}
 	if w.txn != nil {
-		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{group.RejoinStrategy{Strategy: w.strategy, Rejoins: &w.txn.rejoins}}
+		sc.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{group.RejoinStrategy{Strategy: w.strategy, Rejoins: w.txn.Rejoins()}}
 	}
 	if w.cfg.InstanceID != "" {
 		sc.Consumer.Group.InstanceId = w.cfg.InstanceID
@@ -721,7 +718,7 @@ func (w *Worker) onAssignment(a assignor.Assignment) {
 	}
 	w.mu.Unlock()
 	if w.txn != nil {
-		w.txn.rejoins.Assigned(a.Generation)
+		w.txn.Rejoins().Assigned(a.Generation)
 	}
 	w.metrics.assigned(a)
 	// The restores of partitions that left this worker leave the status

@@ -11,10 +11,10 @@ const FirstCheck = 10 * time.Millisecond
 
 // CycleClock says when the next commit cycle is due. It schedules the cycles
 // of one task (app's taskSet.loop) and, under ExactlyOnce, the worker-wide cycles
-// of all tasks (app's txnCycles.loop); the loop that calls Wait runs the cycle.
+// of all tasks (TxnCommitter.Loop); the loop that calls Wait runs the cycle.
 // A cycle is due on the first of:
 //
-//   - the tick: every commit interval (txnCycles.loop ticks at most every
+//   - the tick: every commit interval (TxnCommitter.Loop ticks at most every
 //     half transaction timeout: a transaction must commit well within it);
 //   - wake: a table cache is full (app's taskSet.wake sends, never blocking);
 //   - the idle check, every idle interval (app's Worker.idleCommit; off when

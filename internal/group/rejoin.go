@@ -43,7 +43,7 @@ func (r *Rejoins) Generation() int32 { return r.gen.Load() }
 // generation takes away stay this member's until it revokes them (their
 // final cycles commit again), and a revoked claim cannot end, nor the
 // member send the JoinGroup of the generation after, before its final cycle
-// took app's txnCycles.mu, which the cycle holds (invariant: a
+// took TxnCommitter's mu, which the cycle holds (invariant: a
 // claim's end waits for that mutex without a timeout; revokeClaims' timeout
 // leads to the member's expulsion, which the retry meets as UNKNOWN_MEMBER_ID). Under the eager
 // protocol every claim ended before the JoinGroup, so no cycle is open then.

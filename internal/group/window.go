@@ -23,7 +23,7 @@ const (
 // after each expulsion: +81 % on the two-hop table). The window moves with
 // the cuts' time (AIMD on delay, as TCP Vegas does): Adapt after each cut,
 // Missed after a cut that did not finish. Under exactly-once the worker's
-// transaction has one window (app's txnCycles.window); under at-least-once each
+// transaction has one window (TxnCommitter.Window); under at-least-once each
 // task has its own (app's taskRun.window). The zero value is no bound.
 type CutWindow struct {
 	n atomic.Int64 // 0: MaxWindow
