@@ -37,6 +37,9 @@ type proc struct {
 	cmd  *exec.Cmd
 	want bool // guarded by workerSet.mu: a supervisor restarts it on an unexpected exit
 	done chan struct{}
+	// logFrom is the size of the worker's log when this process started:
+	// what it wrote is the log from there on.
+	logFrom int64
 }
 
 func (ws *workerSet) dataDir(name string) string { return filepath.Join(ws.dir, name, "data") }
@@ -74,6 +77,9 @@ func (ws *workerSet) startLocked(name string) error {
 		return fmt.Errorf("start worker %s: %w", name, err)
 	}
 	p := &proc{name: name, cmd: cmd, want: true, done: make(chan struct{})}
+	if st, err := logf.Stat(); err == nil {
+		p.logFrom = st.Size()
+	}
 	ws.procs[name] = p
 	ws.wg.Add(1)
 	go func() {
@@ -132,6 +138,13 @@ func (ws *workerSet) stop(name string, sig syscall.Signal) error {
 		<-p.done
 		return fmt.Errorf("worker %s did not exit within 60 s of %v (killed; log %s)", name, sig, ws.LogPath(name))
 	}
+	if sig == syscall.SIGTERM && !p.cmd.ProcessState.Success() && ws.silentTerm(p) {
+		// Signalled before the worker had set up its SIGTERM handling (a
+		// restart under load: it had not logged a line yet): it stopped
+		// before it started, which is what a clean stop of it is.
+		ws.logf("chaos: %s ended by SIGTERM before its first log line (a stop before it started)", name)
+		return nil
+	}
 	if sig == syscall.SIGTERM && !p.cmd.ProcessState.Success() {
 		if p.cmd.ProcessState.ExitCode() == raceExitCode {
 			b, err := os.ReadFile(ws.LogPath(name))
@@ -143,6 +156,25 @@ func (ws *workerSet) stop(name string, sig syscall.Signal) error {
 		return fmt.Errorf("worker %s exited with %v after SIGTERM (log %s)", name, p.cmd.ProcessState, ws.LogPath(name))
 	}
 	return nil
+}
+
+// silentTerm reports whether p, which has exited, was ended by SIGTERM's
+// default action without having written anything to its log.
+func (ws *workerSet) silentTerm(p *proc) bool {
+	st, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if !ok || !st.Signaled() || st.Signal() != syscall.SIGTERM {
+		return false
+	}
+	b, err := os.ReadFile(ws.LogPath(p.name))
+	if err != nil || int64(len(b)) < p.logFrom {
+		return false
+	}
+	out := string(b[p.logFrom:])
+	// The supervisor's own exit line follows the worker's output.
+	if i := strings.Index(out, "=== chaos: "); i >= 0 {
+		out = out[:i]
+	}
+	return strings.TrimSpace(out) == ""
 }
 
 // wipe deletes worker name's data dir (the worker must be stopped).
