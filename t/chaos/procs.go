@@ -69,6 +69,10 @@ func (ws *workerSet) startLocked(name string) error {
 		return fmt.Errorf("worker %s: %w", name, err)
 	}
 	fmt.Fprintf(logf, "=== chaos: start %s at %s\n", name, time.Now().UTC().Format(time.RFC3339Nano))
+	var logFrom int64 // measured before the start: the worker's output is all after it
+	if st, err := logf.Stat(); err == nil {
+		logFrom = st.Size()
+	}
 	cmd := exec.Command(ws.bin, ws.args...)
 	cmd.Env = append(append(os.Environ(), ws.env...), "RUNNEL_DATA_DIR="+ws.dataDir(name))
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -76,10 +80,7 @@ func (ws *workerSet) startLocked(name string) error {
 		logf.Close()
 		return fmt.Errorf("start worker %s: %w", name, err)
 	}
-	p := &proc{name: name, cmd: cmd, want: true, done: make(chan struct{})}
-	if st, err := logf.Stat(); err == nil {
-		p.logFrom = st.Size()
-	}
+	p := &proc{name: name, cmd: cmd, want: true, done: make(chan struct{}), logFrom: logFrom}
 	ws.procs[name] = p
 	ws.wg.Add(1)
 	go func() {
