@@ -7,6 +7,7 @@ import (
 	"github.com/runnel-dev/runnel/internal/agentrt"
 	"github.com/runnel-dev/runnel/internal/tablestate"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -553,6 +554,10 @@ type claimProducer struct {
 	cacheWaiting  bool
 	windowWaiting bool
 	txnWaiting    bool // ExactlyOnce: waits for a transaction to open (HandOut)
+	// roomWait is what the source group's emit waits for (a
+	// source.RoomWait, set by WaitingForRoom without c.mu: the group calls
+	// it under its own lock while the poll loop is inside emit).
+	roomWait atomic.Int32
 
 	// retryAt is the offset of the record whose failure ended the previous
 	// incarnation, -1 none: the poll loop cycles the records before it,
@@ -560,6 +565,11 @@ type claimProducer struct {
 	// (emitBatch). Set before Open; then owned by the poll goroutine.
 	retryAt int64
 }
+
+var (
+	_ source.BatchProducer = (*claimProducer)(nil)
+	_ source.RoomObserver  = (*claimProducer)(nil)
+)
 
 func newClaimProducer(pt *partition, from int64) *claimProducer {
 	start := from
@@ -889,8 +899,10 @@ func (c *claimProducer) setTxnWaiting(on bool) {
 
 // waitingFor names what holds the poll loop back from handing out records,
 // "" when nothing does (TaskStatus.Waiting): a write cache at its hard
-// limit, the cut window's unresolved records, or a cycle's cut (the source
-// is paused, ExactlyOnce: or a cycle holds the transaction's gate).
+// limit, the cut window's unresolved records, no open transaction, the
+// source group's room (its in-flight bytes or an agent's queue), or a
+// cycle's cut (the source is paused, ExactlyOnce: or a cycle holds the
+// transaction's gate).
 func (c *claimProducer) waitingFor() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -901,11 +913,24 @@ func (c *claimProducer) waitingFor() string {
 		return WaitWindow
 	case c.txnWaiting:
 		return WaitTransaction
+	}
+	switch source.RoomWait(c.roomWait.Load()) {
+	case source.RoomBytes:
+		return WaitInFlight
+	case source.RoomQueue:
+		return WaitAgents
+	}
+	switch {
 	case c.paused || (c.pt.w.txn != nil && c.pt.w.txn.Gated()):
 		return WaitCycle
 	}
 	return ""
 }
+
+// WaitingForRoom implements source.RoomObserver: the source group's emit
+// waits for room (TaskStatus.Waiting WaitInFlight or WaitAgents) or stopped
+// waiting.
+func (c *claimProducer) WaitingForRoom(w source.RoomWait) { c.roomWait.Store(int32(w)) }
 
 // awaitWindow waits until fewer records than the cycle's window are
 // unresolved (handed out and not yet resolved) and returns how many of the

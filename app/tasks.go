@@ -97,7 +97,9 @@ type TaskStatus struct {
 	// ("window", the records a cut waits for are capped and a slow one is
 	// unresolved), WaitCycle ("cycle", a commit cycle's cut pauses them) or
 	// WaitTransaction ("transaction", exactly-once without an open
-	// transaction).
+	// transaction), WaitInFlight ("in_flight", the records in flight reach
+	// the source's byte bound) or WaitAgents ("agents", an agent's queue is
+	// full).
 	// A task that stays waiting is blocked: look at Postponed and the logs.
 	Waiting string `json:"waiting,omitempty"`
 }
@@ -118,6 +120,15 @@ const (
 	// abort's partitions are still closing, or the next one could not
 	// begin: the producer is being renewed).
 	WaitTransaction = "transaction"
+	// WaitInFlight: the records handed out and not yet advanced past reach
+	// the source's in-flight byte bound (512 KiB a partition); a record
+	// that stays unresolved (a derived record not yet confirmed) keeps
+	// every record behind it in flight, so the task stands still until it
+	// resolves.
+	WaitInFlight = "in_flight"
+	// WaitAgents: an agent's queue is full; the agents are behind the
+	// source (ordinary backpressure, it passes as they catch up).
+	WaitAgents = "agents"
 )
 
 // taskRun is a running task: its commit-cycle loop and the claims using it.

@@ -402,14 +402,43 @@ func comparableLane(k any) (err error) {
 // over Config.MaxInFlightBytes. It returns with g.mu held; ok is false when
 // the group is no longer running, waited is true when it released g.mu.
 func (g *group) waitRoomLocked() (ok, waited bool) {
+	if g.state != running {
+		return false, false
+	}
+	if g.m.cfg.Overflow != Backpressure || g.inFlight < g.m.cfg.MaxInFlightBytes && !g.someFullLocked() {
+		return true, false
+	}
+	return g.awaitRoomLocked(), true
+}
+
+// awaitRoomLocked is waitRoomLocked's wait, telling a RoomObserver producer
+// why it waits and when it stops; it reports whether the group still runs.
+func (g *group) awaitRoomLocked() bool {
+	obs, _ := g.producer.(RoomObserver) // nil on the fast path
+	last := RoomFree
+	defer func() {
+		if obs != nil && last != RoomFree {
+			obs.WaitingForRoom(RoomFree)
+		}
+	}()
 	for {
 		if g.state != running {
-			return false, waited
+			return false
 		}
-		if g.m.cfg.Overflow != Backpressure || g.inFlight < g.m.cfg.MaxInFlightBytes && !g.someFullLocked() {
-			return true, waited
+		why := RoomFree
+		switch {
+		case g.inFlight >= g.m.cfg.MaxInFlightBytes:
+			why = RoomBytes
+		case g.someFullLocked():
+			why = RoomQueue
 		}
-		waited = true
+		if why == RoomFree {
+			return true
+		}
+		if obs != nil && why != last {
+			obs.WaitingForRoom(why)
+		}
+		last = why
 		if g.spaceCh == nil {
 			g.spaceCh = make(chan struct{})
 		}

@@ -38,6 +38,21 @@ type fakeProducer struct {
 	opened   int
 	lastOff  map[any]int64
 	emitErrs []error
+	room     []RoomWait // what WaitingForRoom was told, in order
+}
+
+// WaitingForRoom records the calls (RoomObserver).
+func (p *fakeProducer) WaitingForRoom(w RoomWait) {
+	p.mu.Lock()
+	p.room = append(p.room, w)
+	p.mu.Unlock()
+}
+
+// rooms returns what WaitingForRoom was told so far, e.g. "[bytes free]".
+func (p *fakeProducer) rooms() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return fmt.Sprint(p.room)
 }
 
 func (p *fakeProducer) Open(ctx context.Context, emit func(*Record, any) error) error {

@@ -121,6 +121,55 @@ func TestInFlightBytesBoundHoldsAndResumes(t *testing.T) {
 	})
 }
 
+// A producer that is a RoomObserver is told why its emit waits and when the
+// wait ends: bytes while held records keep the group at its in-flight
+// bound, queue while a subscriber's queue is full, free once records go out
+// again; an emit with room says nothing.
+func TestInFlightRoomObserver(t *testing.T) {
+	const size = 1000
+	rec := recordSize(&Record{Value: make([]byte, size)})
+	batchScenario(t, Config{QueueSize: 2, Overflow: Backpressure, MaxInFlightBytes: 2 * rec}, func(t *testing.T, h *harness) {
+		a := h.sub("a")
+		h.emitSized(0, 1, size)
+		p := h.producer(0)
+		tok := mustBind(t, h.next(a))
+		h.idle(a)
+		if s := p.rooms(); s != "[]" {
+			t.Fatalf("told %s after an emit with room, want nothing", s)
+		}
+		// 0 is held: 1 goes out and 2 waits for the bytes to drop.
+		h.emitSized(1, 2, size)
+		if s := p.rooms(); s != "[bytes]" {
+			t.Fatalf("told %s with 2 records of %d bytes held under a bound of %d, want [bytes]", s, rec, 2*rec)
+		}
+		tok.Confirm()
+		synctest.Wait()
+		if s := p.rooms(); s != "[bytes free]" {
+			t.Fatalf("told %s after the held record resolved, want [bytes free]", s)
+		}
+		h.next(a)
+		h.next(a)
+		h.idle(a)
+	})
+	// A subscriber that does not pull: its queue of 2 fills and the third
+	// record waits for room in the queue.
+	batchScenario(t, Config{QueueSize: 2, Overflow: Backpressure}, func(t *testing.T, h *harness) {
+		a := h.sub("a")
+		h.emitSized(0, 3, 10)
+		p := h.producer(0)
+		if s := p.rooms(); s != "[queue]" {
+			t.Fatalf("told %s with a's queue full, want [queue]", s)
+		}
+		h.next(a)
+		h.next(a)
+		h.next(a)
+		h.idle(a)
+		if s := p.rooms(); s != "[queue free]" {
+			t.Fatalf("told %s after a pulled, want [queue free]", s)
+		}
+	})
+}
+
 // A record larger than the bound passes alone: with nothing in flight it goes
 // out, and the next record waits until it resolved.
 func TestInFlightBytesLargeRecordPasses(t *testing.T) {

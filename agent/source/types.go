@@ -121,6 +121,45 @@ type BatchProducer interface {
 	OpenBatch(ctx context.Context, emit func(batch []Emit) error) error
 }
 
+// RoomWait says what a Backpressure emit waits for (RoomObserver).
+type RoomWait int32
+
+const (
+	// RoomFree: emit does not wait.
+	RoomFree RoomWait = iota
+	// RoomQueue: a subscriber's queue is full (QueueSize): the agents are
+	// behind the source; the wait ends as they take records.
+	RoomQueue
+	// RoomBytes: the group's records in flight count Config.MaxInFlightBytes
+	// or more; the wait ends as the oldest ones advance. A record that
+	// stays unresolved (a late confirmation) holds every record behind it
+	// in flight, so the source stands still until it resolves.
+	RoomBytes
+)
+
+// String returns "free", "queue" or "bytes".
+func (w RoomWait) String() string {
+	switch w {
+	case RoomFree:
+		return "free"
+	case RoomQueue:
+		return "queue"
+	case RoomBytes:
+		return "bytes"
+	}
+	return fmt.Sprintf("RoomWait(%d)", int32(w))
+}
+
+// RoomObserver may be implemented by a Producer (in ack mode) to learn when
+// its emit waits for room under Backpressure and why, e.g. to report what
+// holds a source back. The group calls WaitingForRoom on the poll goroutine
+// with its lock held, once when a wait starts or its reason changes and
+// with RoomFree when it ends: it must return at once and take no lock the
+// producer holds while calling emit (an atomic store is what it is for).
+type RoomObserver interface {
+	WaitingForRoom(RoomWait)
+}
+
 // ProducerFactory builds the producer of a group. It is called once per group,
 // after the cohort grace period, with a context cancelled when the group stops.
 type ProducerFactory func(ctx context.Context) (Producer, error)
