@@ -100,8 +100,10 @@ func testWriteCacheBounded(t *testing.T, g app.Guarantee, slowAgent bool) {
 	var processed atomic.Int64
 	var bound1 atomic.Bool // the record is held once (not again if a transaction aborted)
 	gate := make(chan struct{})
+	var gateOnce sync.Once
+	openGate := func() { gateOnce.Do(func() { close(gate) }) }
 	if !slowAgent {
-		close(gate)
+		openGate()
 	}
 	agent.New(a, "count", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 		for ev := range s.Events() {
@@ -143,7 +145,10 @@ func testWriteCacheBounded(t *testing.T, g app.Guarantee, slowAgent bool) {
 	// A failing test still answers the held record, before the worker
 	// stops (cleanups run last-registered first): a stop that waits for
 	// it would otherwise wait until the test binary's timeout.
-	t.Cleanup(func() { release(errors.New("the test ended with the record held")) })
+	t.Cleanup(func() {
+		openGate()
+		release(errors.New("the test ended with the record held"))
+	})
 
 	task := func() app.TaskStatus {
 		t.Helper()
@@ -179,7 +184,7 @@ func testWriteCacheBounded(t *testing.T, g app.Guarantee, slowAgent bool) {
 		if before.Waiting != app.WaitInFlight {
 			t.Fatalf("the agent waits and the source stands still waiting for %q, want %q", before.Waiting, app.WaitInFlight)
 		}
-		close(gate)
+		openGate()
 	}
 	// What went out to the agents: every record handed out, but when the
 	// source waits for in-flight bytes the rest of its batch waits inside
