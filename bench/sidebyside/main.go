@@ -30,7 +30,11 @@ import (
 
 // config is the harness's command line.
 type config struct {
-	quick     bool
+	quick bool
+	// warmup: before round 1, one stateless run of the first system that
+	// has it, discarded (the broker's first minute is slow: its JVM is
+	// not yet compiled).
+	warmup    bool
 	broker    string // kfake or kafka
 	bootstrap string // an already running Kafka (with -broker kafka)
 	kafkaPort int    // where scripts/kafka starts it
@@ -100,6 +104,7 @@ func main() {
 func realMain() error {
 	var cfg config
 	var systemsFlag, workloadsFlag string
+	flag.BoolVar(&cfg.warmup, "warmup", true, "before round 1, run the first system's stateless workload once and discard it (on Kafka 4.4 the first system of round 1 met the broker's first minute: 2.6x its later times); off in -quick")
 	flag.BoolVar(&cfg.quick, "quick", false, "CI mode: 1 round, 100k records, kfake, Go systems, no profiles, docs untouched")
 	flag.StringVar(&cfg.broker, "broker", "kfake", "kfake (a fresh in-process kfake per run) or kafka (Apache Kafka 4.4 via scripts/kafka)")
 	flag.StringVar(&cfg.bootstrap, "bootstrap", "", "with -broker kafka: use this running broker instead of starting scripts/kafka")
@@ -143,6 +148,7 @@ func realMain() error {
 		}
 		cfg.latencyDuration, cfg.latencyWarmup = min(cfg.latencyDuration, 2*time.Second), min(cfg.latencyWarmup, 500*time.Millisecond)
 		cfg.rounds, cfg.records, cfg.broker, cfg.profile, cfg.doc = 1, 100_000, "kfake", false, ""
+		cfg.warmup = false
 		cfg.timeout = 90 * time.Second
 		if systemsFlag == "" {
 			systemsFlag = "runnel,sarama,goka"
@@ -227,6 +233,21 @@ func realMain() error {
 		defer stop()
 	}
 
+	if cfg.warmup {
+		for _, s := range sel {
+			if !s.runs("stateless") {
+				continue
+			}
+			load := loadAvg()
+			for _, r := range h.runWorkload(s, "stateless", 0, nil) {
+				if r.Load == 0 {
+					r.Load, r.LoadEnd = load, loadAvg()
+				}
+				h.logf("warm-up (discarded) %-10s %-12s %s", r.Workload, r.System, r.short())
+			}
+			break
+		}
+	}
 	var results []result
 	for round := 1; round <= cfg.rounds; round++ {
 		// Interleaved: each round runs every system once per workload, the
