@@ -36,8 +36,10 @@ func newTxnCommitter(w *Worker) *group.TxnCommitter[*taskRun] {
 }
 
 // ErrTransactionalIDInUse is the cause of a worker stopped because another
-// live process owns its transactional ID (group.ZombieRule: a third fence by
-// another producer of the ID before a commit).
+// live process owns its transactional ID: its producer was fenced a third
+// time by another producer of the ID before it could commit: two workers
+// run with the same data dir (a copied one, or one shared by two hosts).
+// Test it with errors.Is.
 var ErrTransactionalIDInUse = group.ErrTransactionalIDInUse
 
 // txnTimeout is the transaction timeout under ExactlyOnce: four commit
