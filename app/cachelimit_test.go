@@ -127,20 +127,7 @@ func testWriteCacheBounded(t *testing.T, g app.Guarantee, slowAgent bool) {
 	client := testbroker.Client(t, brokers)
 	testbroker.WaitTopic(t, client, in.Name())
 
-	msgs := []*sarama.ProducerMessage{{Topic: in.Name(), Key: sarama.StringEncoder("hold"), Value: sarama.StringEncoder("first")}}
-	for i := range n {
-		msgs = append(msgs, &sarama.ProducerMessage{Topic: in.Name(), Key: sarama.StringEncoder(fmt.Sprintf("k%04d", i)), Value: sarama.StringEncoder("x")})
-	}
-	cfg := testbroker.SaramaConfig(t)
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	prod, err := sarama.NewSyncProducer(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
-	if err := prod.SendMessages(msgs); err != nil {
-		t.Fatal(err)
-	}
+	sendHeldAndKeys(t, brokers, in.Name(), n)
 	release := once(<-held)
 	// A failing test still answers the held record, before the worker
 	// stops (cleanups run last-registered first): a stop that waits for
@@ -281,4 +268,24 @@ func drain(t *testing.T, w *app.Worker, a *app.App, brokers []string, topic, add
 func once(f func(error)) func(error) {
 	var o sync.Once
 	return func(err error) { o.Do(func() { f(err) }) }
+}
+
+// sendHeldAndKeys produces, to partition 0 of topic, a record keyed "hold"
+// and then n records keyed k0000, k0001, ..., every value "x".
+func sendHeldAndKeys(t *testing.T, brokers []string, topic string, n int) {
+	t.Helper()
+	msgs := []*sarama.ProducerMessage{{Topic: topic, Key: sarama.StringEncoder("hold"), Value: sarama.StringEncoder("x")}}
+	for i := range n {
+		msgs = append(msgs, &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(fmt.Sprintf("k%04d", i)), Value: sarama.StringEncoder("x")})
+	}
+	cfg := testbroker.SaramaConfig(t)
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	prod, err := sarama.NewSyncProducer(brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	if err := prod.SendMessages(msgs); err != nil {
+		t.Fatal(err)
+	}
 }

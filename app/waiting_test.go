@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/app"
 	"github.com/runnel-dev/runnel/codec"
@@ -56,20 +55,7 @@ func TestTaskWaitsInFlight(t *testing.T) {
 	w, stop := goWorker(t, a, brokers, dir)
 	client := testbroker.Client(t, brokers)
 	testbroker.WaitTopic(t, client, in.Name())
-	msgs := []*sarama.ProducerMessage{{Topic: in.Name(), Key: sarama.StringEncoder("hold"), Value: sarama.StringEncoder("x")}}
-	for i := range n {
-		msgs = append(msgs, &sarama.ProducerMessage{Topic: in.Name(), Key: sarama.StringEncoder(fmt.Sprintf("k%04d", i)), Value: sarama.StringEncoder("x")})
-	}
-	cfg := testbroker.SaramaConfig(t)
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	prod, err := sarama.NewSyncProducer(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
-	if err := prod.SendMessages(msgs); err != nil {
-		t.Fatal(err)
-	}
+	sendHeldAndKeys(t, brokers, in.Name(), n)
 	release := once(<-held)
 	t.Cleanup(func() { release(errors.New("the test ended with the record held")) })
 
