@@ -253,15 +253,7 @@ func drain(t *testing.T, w *app.Worker, a *app.App, brokers []string, topic, add
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	got := storeTable(t, dir, "seen")
-	if len(got) != n+1 || got["hold"] != "1" {
-		t.Fatalf("store holds %d keys (hold=%q), want %d, each 1", len(got), got["hold"], n+1)
-	}
-	for i := range n {
-		if k := fmt.Sprintf("k%04d", i); got[k] != "1" {
-			t.Fatalf("%s = %q, want 1", k, got[k])
-		}
-	}
+	checkSeenOnce(t, dir, n)
 }
 
 // once returns f called at most once.
@@ -287,5 +279,20 @@ func sendHeldAndKeys(t *testing.T, brokers []string, topic string, n int) {
 	defer prod.Close()
 	if err := prod.SendMessages(msgs); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// checkSeenOnce checks that the store of table "seen" in dir counts "hold"
+// and each of the n keys sendHeldAndKeys sends exactly once.
+func checkSeenOnce(t *testing.T, dir string, n int) {
+	t.Helper()
+	got := storeTable(t, dir, "seen")
+	if len(got) != n+1 || got["hold"] != "1" {
+		t.Fatalf("store holds %d keys (hold=%q), want %d, each 1", len(got), got["hold"], n+1)
+	}
+	for i := range n {
+		if k := fmt.Sprintf("k%04d", i); got[k] != "1" {
+			t.Fatalf("%s = %q, want 1", k, got[k])
+		}
 	}
 }

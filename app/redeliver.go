@@ -920,8 +920,7 @@ func (c *claimProducer) waitingFor() string {
 	case source.RoomQueue:
 		return WaitAgents
 	}
-	switch {
-	case c.paused || (c.pt.w.txn != nil && c.pt.w.txn.Gated()):
+	if c.paused || (c.pt.w.txn != nil && c.pt.w.txn.Gated()) {
 		return WaitCycle
 	}
 	return ""

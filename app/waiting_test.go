@@ -3,7 +3,6 @@ package app_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -101,13 +100,5 @@ func TestTaskWaitsInFlight(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	got := storeTable(t, dir, "seen")
-	if len(got) != n+1 || got["hold"] != "1" {
-		t.Fatalf("store holds %d keys (hold=%q), want %d, each 1", len(got), got["hold"], n+1)
-	}
-	for i := range n {
-		if k := fmt.Sprintf("k%04d", i); got[k] != "1" {
-			t.Fatalf("%s = %q, want 1", k, got[k])
-		}
-	}
+	checkSeenOnce(t, dir, n)
 }
