@@ -141,6 +141,11 @@ func systems() []*system {
 		{name: "runnel-hb100", peer: "runnel", bin: "runnel-peer", env: []string{"BENCH_HEARTBEAT_MS=100"},
 			workloads: []string{"handover", "rebalances"},
 			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", optIn: true},
+		// Runnel with the Go collector at GOGC=400 (default 100): how much of
+		// its latency tail and CPU is garbage collection, against its memory.
+		{name: "runnel-gogc400", peer: "runnel", bin: "runnel-peer", env: []string{"GOGC=400"},
+			workloads: []string{"stateless", "stateful"},
+			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", optIn: true},
 		// Exactly-once: Runnel's transactional commit cycles at its default
 		// interval under exactly-once (2.8 s; BENCH_COMMIT_MS=0 is the
 		// app's default), and Kafka Streams' exactly_once_v2 at the same

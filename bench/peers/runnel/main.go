@@ -15,7 +15,14 @@
 //     <BENCH_ID>-counts-changelog, decimal values).
 //
 // With BENCH_CPUPROFILE and BENCH_MEMPROFILE set it writes a pprof CPU profile
-// of the whole run and an allocation profile at exit (SIGTERM).
+// of the whole run and an allocation profile at exit (SIGTERM), BENCH_TRACE an
+// execution trace of the whole run (go tool trace). With
+// BENCH_STAGE_LATENCY=1 the stateless agent takes, for each latency record
+// (value "lat-<level>-<unix ns>-<seq>", bench/sidebyside/latency.go), the time
+// from its stamp to the agent receiving it, and logs p50/p99/p99.9/max at
+// exit: the first stage of the end-to-end latency (the input producer, the
+// broker, the fetch and the source), to tell it from the rest (the sink's
+// producer and the reader).
 package main
 
 import (
@@ -23,11 +30,13 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"runtime"
 	"runtime/metrics"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"sync"
@@ -108,8 +117,11 @@ func run() error {
 	switch w := env("BENCH_WORKLOAD", "stateless"); w {
 	case "stateless":
 		out := app.Topic(a, env("BENCH_OUTPUT", "output"), codec.String(), codec.String(), app.Partitions(int32(parts)))
+		stage := newStageHist(os.Getenv("BENCH_STAGE_LATENCY") != "")
+		defer stage.log()
 		agent.New(a, "transform", in, func(ctx context.Context, s *agent.Stream[string, string]) error {
 			for ev := range s.Events() {
+				stage.observe(ev.Value)
 				out.Send(ev, ev.Key, strings.ToUpper(ev.Value))
 			}
 			return s.Err()
@@ -139,6 +151,17 @@ func run() error {
 			return fmt.Errorf("cpu profile: %w", err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if path := os.Getenv("BENCH_TRACE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return fmt.Errorf("trace: %w", err)
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return fmt.Errorf("trace: %w", err)
+		}
+		defer trace.Stop()
 	}
 	if path := os.Getenv("BENCH_MEMPROFILE"); path != "" {
 		defer func() {
@@ -244,4 +267,65 @@ func (f *failure) check(p int32, offset int64) error {
 		return nil
 	}
 	return fmt.Errorf("bench: injected failure %d of %d of %d@%d", f.attempts, f.times, p, offset)
+}
+
+// stageHist is BENCH_STAGE_LATENCY's histogram: 0.1 ms buckets up to 10 s
+// (the last bucket holds everything above).
+type stageHist struct {
+	on      bool
+	mu      sync.Mutex
+	buckets []int64
+	n       int64
+	max     time.Duration
+}
+
+func newStageHist(on bool) *stageHist {
+	h := &stageHist{on: on}
+	if on {
+		h.buckets = make([]int64, 100_001)
+	}
+	return h
+}
+
+// observe takes the latency of a record whose value carries a latency stamp.
+func (h *stageHist) observe(v string) {
+	if !h.on || !strings.HasPrefix(v, "lat-") {
+		return
+	}
+	f := strings.SplitN(v, "-", 4)
+	if len(f) != 4 || f[1] == "W" {
+		return
+	}
+	ns, err := strconv.ParseInt(f[2], 10, 64)
+	if err != nil {
+		return
+	}
+	d := time.Since(time.Unix(0, ns))
+	b := min(max(int(d/(100*time.Microsecond)), 0), len(h.buckets)-1)
+	h.mu.Lock()
+	h.buckets[b]++
+	h.n++
+	h.max = max(h.max, d)
+	h.mu.Unlock()
+}
+
+// log writes the percentiles to stderr.
+func (h *stageHist) log() {
+	if !h.on || h.n == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	q := func(p float64) float64 {
+		want := int64(math.Ceil(p * float64(h.n)))
+		var seen int64
+		for i, c := range h.buckets {
+			if seen += c; seen >= want {
+				return float64(i) / 10
+			}
+		}
+		return -1
+	}
+	fmt.Fprintf(os.Stderr, "runnel-peer: stage latency (stamp to agent) n=%d p50=%.1fms p99=%.1fms p99.9=%.1fms max=%.1fms\n",
+		h.n, q(0.5), q(0.99), q(0.999), float64(h.max)/float64(time.Millisecond))
 }
