@@ -37,8 +37,9 @@ func newTxnCommitter(w *Worker) *group.TxnCommitter[*taskRun] {
 
 // ErrTransactionalIDInUse is the cause of a worker stopped because another
 // live process owns its transactional ID: its producer was fenced a third
-// time by another producer of the ID before it could commit: two workers
-// run with the same data dir (a copied one, or one shared by two hosts).
+// time within two minutes by another producer of the ID, whether or not it
+// committed between the fences: two workers run with the same data dir (a
+// copied one, or one shared by two hosts).
 // Test it with errors.Is.
 var ErrTransactionalIDInUse = group.ErrTransactionalIDInUse
 

@@ -334,11 +334,23 @@ func TestExactlyOnceSurvivesTransactionTimeout(t *testing.T) {
 
 // Another live process that keeps initializing the worker's transactional
 // ID (two workers with the same data dir's process ID, say) would make the
-// two fence each other for ever: a second fence before any commit since the
-// first stops the worker with ErrTransactionalIDInUse. Nothing it processed
-// was committed twice or lost: a worker restarted on the data dir once the
-// other process is gone leaves the table and the sink exact.
+// two fence each other for ever: a third fence within two minutes stops the
+// worker with ErrTransactionalIDInUse (group.ZombieRule), whether the other
+// process fences it faster than it commits (fast: every 20 ms) or slower
+// (slow: once a second, five commit intervals, so that the worker commits
+// between fences). Nothing it processed was committed twice or lost: a
+// worker restarted on the data dir once the other process is gone leaves
+// the table and the sink exact.
 func TestExactlyOnceStopsWhenTransactionalIDInUse(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		every time.Duration
+	}{{"fast", 20 * time.Millisecond}, {"slow", time.Second}} {
+		t.Run(tc.name, func(t *testing.T) { testStopsWhenTransactionalIDInUse(t, tc.every) })
+	}
+}
+
+func testStopsWhenTransactionalIDInUse(t *testing.T, every time.Duration) {
 	brokers := testbroker.Brokers(t)
 	id := testbroker.Topic(t, "app")
 	f := newFenceApp(t, id)
@@ -380,7 +392,10 @@ func TestExactlyOnceStopsWhenTransactionalIDInUse(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			time.Sleep(20 * time.Millisecond)
+			select {
+			case <-zctx.Done():
+			case <-time.After(every):
+			}
 		}
 	}()
 	var more []kv // sent while the other process runs; read after wg.Wait

@@ -147,10 +147,12 @@ type TxnCommitter[T comparable] struct {
 	last    map[task.Offset]bool        // offsets of the last commit; guarded by mu
 	opened  chan struct{}               // closed when a transaction opens; guarded by mu
 	began   time.Time                   // when the open transaction began; guarded by mu
-	// fences counts the renewals after a fence by another producer of the
-	// transactional ID since the last commit (which resets it): a fence
-	// while it is maxFences stops the worker (ZombieRule). Guarded by mu.
-	fences int
+	// fenced holds the times of the fences by another producer of the
+	// transactional ID within the last fenceWindow, oldest first (a
+	// renewal after a fence, or a renewal that failed for its whole
+	// budget after one): a fence while it holds maxFences stops the worker
+	// (ZombieRule). Commits do not clear it. Guarded by mu.
+	fenced []time.Time
 	// window bounds the records a source of the worker has handed out and
 	// not yet resolved (CutWindow), so that a cut, which waits for all of
 	// them, fits in the transaction: it shrinks when a cut is slow or
@@ -376,23 +378,40 @@ var ErrTransactionalIDInUse = errors.New("transactional ID in use by another liv
 // meanwhile is fenced again by that retry (seen on Kafka 4.4 within 0.1 s
 // of the renewal, and 1 run in 2 of TestExactlyOnceSurvivesFencedProducer
 // with a renewal at once). So a fenced worker waits fenceSettle before
-// renewing, and one more fence before a commit is still taken for that
-// retry: a fence after maxFences renewals with no transaction of this
-// worker committed since means another live process keeps initializing the
-// ID: two workers run with the same data dir (a copied data dir, or one
+// renewing, and one more fence is still taken for that retry: a fence after maxFences renewals within fenceWindow, whether or not
+// a transaction of this worker committed between them, means another live
+// process keeps initializing the ID: two workers run with the same data dir (a copied data dir, or one
 // shared by two hosts; Pebble's lock refuses a second process on one host's
 // stores). Renewing again would make the two fence each other for ever,
 // each aborting the other's transactions: the worker stops with
 // ErrTransactionalIDInUse instead, and the other process keeps the ID.
-const ZombieRule = "a third fence by another producer of the transactional ID before a commit stops the worker"
+// Commits between the fences do not clear the count: a process that
+// initializes the ID less often than the worker commits (once a second
+// against a 200 ms commit interval) is as live as one that does it more
+// often, and with the count cleared at every commit it fenced the worker
+// for ever (TestExactlyOnceStopsWhenTransactionalIDInUse/slow).
+const ZombieRule = "a third fence by another producer of the transactional ID within two minutes stops the worker"
 
 // maxFences is the number of renewals after a fence that ZombieRule allows
-// before a commit, and fenceSettle how long a fenced worker waits before it
-// renews (see ZombieRule).
+// within fenceWindow, and fenceSettle how long a fenced worker waits before
+// it renews (see ZombieRule).
 const (
 	maxFences   = 2
+	fenceWindow = 2 * time.Minute
 	fenceSettle = 300 * time.Millisecond
 )
+
+// recentFencesLocked forgets the fences older than fenceWindow and returns
+// how many are left. Guarded by mu.
+func (x *TxnCommitter[T]) recentFencesLocked() int {
+	now := time.Now()
+	i := 0
+	for i < len(x.fenced) && now.Sub(x.fenced[i]) >= fenceWindow {
+		i++
+	}
+	x.fenced = x.fenced[i:]
+	return len(x.fenced)
+}
 
 // renewLocked replaces the worker's transactional producer with a new one of
 // the same transactional ID (kafka.Producer.Renew: the old one is closed and
@@ -414,9 +433,9 @@ func (x *TxnCommitter[T]) renewLocked(cause error, age time.Duration) error {
 		reason = "fenced"
 	}
 	id := x.cfg.TransactionalID
-	if reason == "fenced" && x.fences >= maxFences {
-		log.Error("fenced again by another producer of this worker's transactional ID before any commit: another live process uses this data dir's process ID; stopping the worker",
-			"transactional_id", id, "rule", ZombieRule, "fences", x.fences+1, "err", cause)
+	if reason == "fenced" && x.recentFencesLocked() >= maxFences {
+		log.Error("fenced again by another producer of this worker's transactional ID: another live process uses this data dir's process ID; stopping the worker",
+			"transactional_id", id, "rule", ZombieRule, "fences", len(x.fenced)+1, "err", cause)
 		return fmt.Errorf("%w: %s (%s): %w", ErrTransactionalIDInUse, id, ZombieRule, cause)
 	}
 	// Renew retries what Kafka calls retriable (the coordinator loading,
@@ -446,10 +465,10 @@ func (x *TxnCommitter[T]) renewLocked(cause error, age time.Duration) error {
 			// (TestExactlyOnceStopsWhenTransactionalIDInUse ran 60 s under
 			// load without stopping). A broker that is down after a fence
 			// stops the worker only after maxFences whole budgets.
-			x.fences++
-			if x.fences >= maxFences {
+			x.fenced = append(x.fenced, time.Now())
+			if x.recentFencesLocked() >= maxFences {
 				log.Error("the transactional producer could not be renewed after a fence: another live process keeps using this data dir's process ID; stopping the worker",
-					"transactional_id", id, "rule", ZombieRule, "fences", x.fences+1, "err", err)
+					"transactional_id", id, "rule", ZombieRule, "fences", len(x.fenced), "err", err)
 				return fmt.Errorf("%w: %s (%s): %w (after %w)", ErrTransactionalIDInUse, id, ZombieRule, err, cause)
 			}
 		}
@@ -464,7 +483,7 @@ func (x *TxnCommitter[T]) renewLocked(cause error, age time.Duration) error {
 		}
 	}
 	if reason == "fenced" {
-		x.fences++
+		x.fenced = append(x.fenced, time.Now())
 	}
 	x.cfg.Metrics.Renewals.WithLabelValues(reason).Inc()
 	log.Warn("transactional producer renewed (new epoch); every partition restarts from its committed offsets",
@@ -601,7 +620,6 @@ func (x *TxnCommitter[T]) Cycle(ctx context.Context, final bool) error {
 			return err // still open: abortLocked aborts it
 		}
 		x.setOpen(false)
-		x.fences = 0
 		cfg.Metrics.Commits.Inc()
 		cfg.Metrics.Seconds.Observe(time.Since(start).Seconds())
 		x.last = make(map[task.Offset]bool, len(offs))
