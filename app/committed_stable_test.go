@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -229,12 +230,21 @@ func (o *offsetTxn) commitOffset(off int64) {
 	o.t.Helper()
 	add := kmsg.NewPtrAddOffsetsToTxnRequest()
 	add.TransactionalID, add.ProducerID, add.ProducerEpoch, add.Group = o.id, o.pid, o.epoch, o.group
-	resp, err := add.RequestWith(o.ctx, o.cl)
-	if err == nil {
-		err = kerr.ErrorForCode(resp.ErrorCode)
-	}
-	if err != nil {
-		o.t.Fatalf("AddOffsetsToTxn: %v", err)
+	// Kafka answers CONCURRENT_TRANSACTIONS until the previous
+	// transaction's markers are written (EndTxn returns before): retried,
+	// as a client does (seen in CI on Kafka 4.4 right after a commit).
+	for {
+		resp, err := add.RequestWith(o.ctx, o.cl)
+		if err == nil {
+			err = kerr.ErrorForCode(resp.ErrorCode)
+		}
+		if err == nil {
+			break
+		}
+		if !kerr.IsRetriable(err) && !errors.Is(err, kerr.ConcurrentTransactions) || o.ctx.Err() != nil {
+			o.t.Fatalf("AddOffsetsToTxn: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	req := kmsg.NewPtrTxnOffsetCommitRequest()
 	req.TransactionalID, req.Group, req.ProducerID, req.ProducerEpoch = o.id, o.group, o.pid, o.epoch
@@ -245,18 +255,24 @@ func (o *offsetTxn) commitOffset(off int64) {
 	rp.Partition, rp.Offset, rp.LeaderEpoch = 0, off, -1
 	rt.Partitions = append(rt.Partitions, rp)
 	req.Topics = append(req.Topics, rt)
-	cresp, err := req.RequestWith(o.ctx, o.cl)
-	if err == nil {
-		for _, rt := range cresp.Topics {
-			for _, rp := range rt.Partitions {
-				if e := kerr.ErrorForCode(rp.ErrorCode); e != nil {
-					err = e
+	for {
+		cresp, err := req.RequestWith(o.ctx, o.cl)
+		if err == nil {
+			for _, rt := range cresp.Topics {
+				for _, rp := range rt.Partitions {
+					if e := kerr.ErrorForCode(rp.ErrorCode); e != nil {
+						err = e
+					}
 				}
 			}
 		}
-	}
-	if err != nil {
-		o.t.Fatalf("TxnOffsetCommit: %v", err)
+		if err == nil {
+			return
+		}
+		if !kerr.IsRetriable(err) && !errors.Is(err, kerr.ConcurrentTransactions) || o.ctx.Err() != nil {
+			o.t.Fatalf("TxnOffsetCommit: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
