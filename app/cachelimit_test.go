@@ -270,12 +270,7 @@ func sendHeldAndKeys(t *testing.T, brokers []string, topic string, n int) {
 	for i := range n {
 		msgs = append(msgs, &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(fmt.Sprintf("k%04d", i)), Value: sarama.StringEncoder("x")})
 	}
-	cfg := testbroker.SaramaConfig(t)
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	prod, err := sarama.NewSyncProducer(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prod := testbroker.SyncProducer(t, brokers)
 	defer prod.Close()
 	if err := prod.SendMessages(msgs); err != nil {
 		t.Fatal(err)

@@ -115,12 +115,7 @@ type gproducer struct {
 }
 
 func newGProducer(t *testing.T, brokers []string, topic string) *gproducer {
-	cfg := testbroker.SaramaConfig(t)
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	prod, err := sarama.NewSyncProducer(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prod := testbroker.SyncProducer(t, brokers)
 	t.Cleanup(func() { prod.Close() })
 	return &gproducer{t: t, topic: topic, prod: prod, last: map[string]int64{}, count: map[string]int64{}}
 }

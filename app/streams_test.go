@@ -43,12 +43,7 @@ type timedKV struct {
 // timestamps.
 func sendTimed(t *testing.T, brokers []string, topic string, recs ...timedKV) {
 	t.Helper()
-	cfg := testbroker.SaramaConfig(t)
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	prod, err := sarama.NewSyncProducer(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prod := testbroker.SyncProducer(t, brokers)
 	defer prod.Close()
 	for _, r := range recs {
 		p := kafka.PartitionFor([]byte(r.k), parts)

@@ -109,12 +109,7 @@ type rywProducer struct {
 }
 
 func newRYWProducer(t *testing.T, brokers []string, topic string) *rywProducer {
-	cfg := testbroker.SaramaConfig(t)
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	prod, err := sarama.NewSyncProducer(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prod := testbroker.SyncProducer(t, brokers)
 	t.Cleanup(func() { prod.Close() })
 	return &rywProducer{t: t, topic: topic, prod: prod}
 }

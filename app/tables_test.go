@@ -86,12 +86,7 @@ type kv struct{ k, v string }
 // and returns their (partition, offset).
 func send(t *testing.T, brokers []string, topic string, recs ...kv) [][2]int64 {
 	t.Helper()
-	cfg := testbroker.SaramaConfig(t)
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	prod, err := sarama.NewSyncProducer(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prod := testbroker.SyncProducer(t, brokers)
 	defer prod.Close()
 	var out [][2]int64
 	for _, r := range recs {
@@ -193,12 +188,7 @@ func TestCrashAfterChangelogAckBeforeCommit(t *testing.T) {
 		}
 	}
 	at := send(t, brokers, c.words.Name(), recs...)
-	cfg := testbroker.SaramaConfig(t)
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	prod, err := sarama.NewSyncProducer(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prod := testbroker.SyncProducer(t, brokers)
 	defer prod.Close()
 	st, err := stores.OpenPebble(filepath.Join(dir, "tables", "counts"), stores.PebbleOptions{})
 	if err != nil {

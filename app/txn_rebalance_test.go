@@ -63,12 +63,7 @@ func TestExactlyOnceRebalanceDoesNotAbort(t *testing.T) {
 	want := map[string]int{}
 	// The input: 10 records every 20 ms until done, from a goroutine that
 	// reports what it sent (or why it stopped) on sent.
-	cfg := testbroker.SaramaConfig(t)
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	prod, err := sarama.NewSyncProducer(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prod := testbroker.SyncProducer(t, brokers)
 	defer prod.Close()
 	type result struct {
 		recs []kv

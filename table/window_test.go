@@ -516,12 +516,7 @@ func TestHoppingGraceLateAndStreamTime(t *testing.T) {
 	h := newHopApp(id, closes)
 	stop := startWorker(t, h.app, brokers, t.TempDir())
 	testbroker.WaitTopic(t, testbroker.Client(t, brokers), h.topic.Name())
-	cfg := testbroker.SaramaConfig(t)
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	prod, err := sarama.NewSyncProducer(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prod := testbroker.SyncProducer(t, brokers)
 	defer prod.Close()
 	// Minutes after base. Windows start every 5 minutes and last 10; grace 2.
 	//   1  -> [-5,5)=1 [0,10)=1                        stream time 1

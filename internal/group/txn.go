@@ -388,8 +388,8 @@ var ErrTransactionalIDInUse = errors.New("transactional ID in use by another liv
 // Commits between the fences do not clear the count: a process that
 // initializes the ID less often than the worker commits (once a second
 // against a 200 ms commit interval) is as live as one that does it more
-// often, and with the count cleared at every commit it fenced the worker
-// for ever (TestExactlyOnceStopsWhenTransactionalIDInUse/slow).
+// often, and with the count cleared at every commit it kept the worker
+// renewing for the whole 60 s of TestExactlyOnceStopsWhenTransactionalIDInUse/slow.
 const ZombieRule = "a third fence by another producer of the transactional ID within two minutes stops the worker"
 
 // maxFences is the number of renewals after a fence that ZombieRule allows

@@ -38,6 +38,20 @@ func Client(t testing.TB, brokers []string) sarama.Client {
 	return c
 }
 
+// SyncProducer returns a sarama sync producer on brokers with SaramaConfig
+// and the manual partitioner (each message names its partition; 0 when
+// unset). The caller closes it.
+func SyncProducer(t testing.TB, brokers []string) sarama.SyncProducer {
+	t.Helper()
+	cfg := SaramaConfig(t)
+	cfg.Producer.Partitioner = sarama.NewManualPartitioner
+	prod, err := sarama.NewSyncProducer(brokers, cfg)
+	if err != nil {
+		t.Fatalf("testbroker: sync producer: %v", err)
+	}
+	return prod
+}
+
 // Admin returns a cluster admin on brokers with SaramaConfig, closed by
 // t.Cleanup.
 func Admin(t testing.TB, brokers []string) sarama.ClusterAdmin {

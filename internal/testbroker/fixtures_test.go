@@ -25,12 +25,7 @@ func TestFixturesOffsets(t *testing.T) {
 	testbroker.CreateTopic(t, brokers, topic, 3, map[string]string{"retention.ms": "-1"})
 	client := testbroker.Client(t, brokers)
 
-	cfg := testbroker.SaramaConfig(t)
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	prod, err := sarama.NewSyncProducer(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prod := testbroker.SyncProducer(t, brokers)
 	defer prod.Close()
 	for range 2 {
 		if _, _, err := prod.SendMessage(&sarama.ProducerMessage{Topic: topic, Partition: 1, Value: sarama.StringEncoder("v")}); err != nil {

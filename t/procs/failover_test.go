@@ -33,12 +33,7 @@ type load struct {
 
 func startLoad(t *testing.T, brokers []string, topic string, keys, batch int, every time.Duration) *load {
 	t.Helper()
-	cfg := testbroker.SaramaConfig(t)
-	cfg.Producer.Partitioner = sarama.NewManualPartitioner
-	prod, err := sarama.NewSyncProducer(brokers, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	prod := testbroker.SyncProducer(t, brokers)
 	l := &load{sent: map[string]int64{}, stop: make(chan struct{}), done: make(chan error, 1)}
 	go func() {
 		defer prod.Close()
