@@ -86,7 +86,7 @@ func (r *runner[K, V]) Topic() string { return r.topic.Name() }
 // Settings implements agentrt.Runner: the agent's options.
 func (r *runner[K, V]) Settings() agentrt.Settings {
 	s := agentrt.Settings{OnError: agentrt.ErrorPolicy(r.set.OnError), DeadLetterTopic: r.set.DeadLetterTopic,
-		Effects: r.set.Effects}
+		Effects: r.set.Effects, Deterministic: r.set.Deterministic}
 	for _, t := range r.set.Sinks {
 		s.Sinks = append(s.Sinks, t)
 	}
@@ -293,6 +293,19 @@ type Event[K any, V any] struct {
 	// (bindSink); ackUsed says it is taken.
 	ack     sinkAck
 	ackUsed atomic.Bool
+	// stamped counts the event's stamped sends (tablestate.Origin.Sends).
+	stamped uint32
+}
+
+// origin implements sourced: the event's source record, while its window is
+// open.
+func (e *Event[K, V]) origin(agent string) (tablestate.Origin, bool) {
+	pl := e.d.Payload()
+	if pl == nil || e.rec == nil {
+		return tablestate.Origin{}, false
+	}
+	return tablestate.Origin{Agent: agent, Topic: e.rec.Topic, Partition: e.rec.Partition, Offset: e.rec.Offset,
+		Payload: pl, Sends: &e.stamped}, true
 }
 
 // handle is unexported so that the event's link to its worker is no field

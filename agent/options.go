@@ -63,6 +63,8 @@ type settings struct {
 	// Effects name the effects the agent applies, as declared with
 	// Applies: `replay --effect` refuses another name before reading.
 	Effects []string
+	// Deterministic is set by Deterministic.
+	Deterministic bool
 }
 
 // Option configures an agent (see New).
@@ -118,6 +120,31 @@ func Applies(effects ...*Effect) Option {
 		}
 	}
 }
+
+// Deterministic declares that what the agent sends for a record depends only
+// on that record (and on tables only the agent's own partition writes): the
+// same records, to the same partitions, in the same order, whenever the
+// record is processed. Under at-least-once a record processed again (after a
+// kill -9, a failed commit or an abandoned task: everything processed since
+// the partition's last commit) is sent again; with this option the records
+// the agent sends to a repartition topic (Repartition, GroupBy) carry where
+// they come from (header "runnel-src": the source record's topic, partition
+// and offset, the agent, and the run that sent them), and the repartition
+// topic's reader skips each one an earlier run of the same source partition
+// already delivered, so the aggregates behind a repartition count each input
+// record once. GroupBy's agent sets it (its key function must depend only on
+// the record). Exactly-once needs no stamps (an aborted transaction's records
+// are never read) and sends none.
+//
+// An agent whose sends depend on anything else (the clock, randomness, a
+// table another partition or another agent writes) must not set it: after a
+// failed send its second run could send a record to a partition whose reader
+// takes it for the first run's and skips it. Resetting the agent's input
+// offsets by hand below where the current run started is recognised (the
+// reader keeps what the earlier-starting run sends); to reprocess records of
+// the current run, reset the repartition topic's offsets too, which drops
+// the reader's marks (package internal/dedup describes the rule).
+func Deterministic() Option { return func(s *settings) { s.Deterministic = true } }
 
 // Error is the error of one agent run on one partition, as the worker
 // reports it (an agent's error policy decides what follows).

@@ -70,7 +70,8 @@ type KeyFunc[K any, V any, K2 any] func(ev *Event[K, V]) (K2, error)
 // topic "<app>-<name>-repartition" (as Repartition, with from's value codec
 // and kc for the new key) and an agent named name on from that sends each
 // record's value, unchanged and with its timestamp, under key(ev). It returns
-// the topic: declare the agents that aggregate by the new key on it. This is
+// the topic: declare the agents that aggregate by the new key on it. The
+// agent is Deterministic: key must depend only on the event. This is
 // Kafka Streams' selectKey + groupByKey (or groupBy) and Faust's group_by.
 func GroupBy[K any, V any, K2 any](h Host, name string, from *Topic[K, V], kc codec.Codec[K2], key KeyFunc[K, V, K2], opts ...RepartitionOption) *Topic[K2, V] {
 	var o repartitionOptions
@@ -95,6 +96,6 @@ func GroupBy[K any, V any, K2 any](h Host, name string, from *Topic[K, V], kc co
 			}
 		}
 		return s.Err()
-	}, append([]Option{SendsTo(t)}, o.agent...)...)
+	}, append([]Option{SendsTo(t), Deterministic()}, o.agent...)...)
 	return t
 }

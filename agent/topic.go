@@ -242,7 +242,9 @@ func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 	}
 	p := kafka.PartitionFor(kb, t.partitions)
 	var err error
-	if ts := t.stamp(ev); !ts.IsZero() && env.SendAt != nil {
+	if o, ok := t.origin(ev, env); ok {
+		err = env.SendFrom(o, t.name, p, kb, vb, t.stamp(ev), ack)
+	} else if ts := t.stamp(ev); !ts.IsZero() && env.SendAt != nil {
 		err = env.SendAt(t.name, p, kb, vb, ts, ack)
 	} else {
 		err = env.Send(t.name, p, kb, vb, ack)
@@ -252,6 +254,26 @@ func (t *Topic[K, V]) sendBytes(ev table.Event, kb, vb []byte) error {
 		return fmt.Errorf("send to %s[%d]: %w", t.name, p, err)
 	}
 	return nil
+}
+
+// origin returns the source record ev comes from when a send of it to t is
+// stamped (tablestate.Env.SendFrom: t is a repartition topic, ev an agent's
+// event delivered in an open window, the worker stamps).
+func (t *Topic[K, V]) origin(ev table.Event, env *tablestate.Env) (tablestate.Origin, bool) {
+	if t.repartitionOf == "" || env.SendFrom == nil {
+		return tablestate.Origin{}, false
+	}
+	so, ok := ev.(sourced)
+	if !ok {
+		return tablestate.Origin{}, false
+	}
+	return so.origin(env.Agent)
+}
+
+// sourced is implemented by the agent's own Event: the source record it was
+// made from.
+type sourced interface {
+	origin(agent string) (tablestate.Origin, bool)
 }
 
 // sinkBinder is implemented by the agent's own Event: it binds a sink record

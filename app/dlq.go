@@ -277,7 +277,7 @@ func parseDLQMetadata(s string) map[string]int64 {
 // bookkeeping) is not read; its floor is its highwater now. On an error the
 // set holds what was read: a record may then be dead-lettered again, as
 // before.
-func (w *Worker) loadDeadLetters(ctx context.Context, pt *partition, from int64) error {
+func (w *Worker) loadDeadLetters(ctx context.Context, pt *partition, from int64, committed string) error {
 	d := pt.deadLetters()
 	if d == nil {
 		return nil
@@ -289,11 +289,7 @@ func (w *Worker) loadDeadLetters(ctx context.Context, pt *partition, from int64)
 	}
 	meta := map[string]int64{}
 	if from >= 0 {
-		m, err := w.committedMetadata(pt.topic, pt.p)
-		if err != nil {
-			return err
-		}
-		meta = parseDLQMetadata(m)
+		meta = parseDLQMetadata(dlqPart(committed))
 	}
 	for _, topic := range slices.Sorted(maps.Keys(agentsOf)) {
 		hw, err := w.meta.GetOffset(topic, 0, sarama.OffsetNewest)

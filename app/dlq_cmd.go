@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/runnel-dev/runnel/internal/dedup"
 	"github.com/runnel-dev/runnel/internal/topicdecl"
 	"io"
 	"slices"
@@ -80,6 +81,10 @@ func decodeDeadLetterRecord(m *source.Record) DeadLetter {
 			d.Attempts, _ = strconv.Atoi(v)
 		case HeaderTimestamp:
 			d.DeadLetteredAt = v
+		case dedup.Header:
+			// Where a repartition record came from: a replayed dead letter
+			// is a new record, which the reader must not take for a
+			// duplicate of the original (dedup.go).
 		default:
 			d.Headers = append(d.Headers, h)
 		}

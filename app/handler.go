@@ -199,11 +199,29 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	pt := &partition{h: h, w: w, sess: sess, topic: topic, p: p, key: fmt.Sprintf("%s[%d]", topic, p),
 		runners: runners, feed: group.NewClaimFeed(claim), retry: w.cfg.redelivery.withDefaults(),
 		inflight: &tablestate.InFlight{}}
+	// At-least-once: the commit metadata of the claim's start offset says
+	// where the dead letters of the records it hands out again start
+	// (dlq.go) and, on a repartition topic, which of its records earlier
+	// runs of their source partitions delivered (dedup.go).
+	var committed string
+	var metaErr error
+	if from := claim.InitialOffset(); w.txn == nil && from >= 0 {
+		committed, metaErr = w.committedMetadata(topic, p)
+		if metaErr != nil && ctx.Err() == nil {
+			w.log.Warn("could not read the commit metadata; a record rejected again may be dead-lettered twice, and repartition records sent again are not recognised",
+				"topic", topic, "partition", p, "err", metaErr)
+		}
+	}
+	if w.txn == nil && w.isRepartition(topic) {
+		pt.src = newSrcFilter(committed, claim.InitialOffset(), w.metrics.dupsSkipped.WithLabelValues(topic))
+	}
 	// Dead letters an earlier owner wrote of the records this claim hands
 	// out again are not written twice (dlq.go, at-least-once only).
-	if err := w.loadDeadLetters(ctx, pt, claim.InitialOffset()); err != nil && ctx.Err() == nil {
-		w.log.Warn("could not read the dead letters of records to be processed again; a record rejected again may be dead-lettered twice",
-			"topic", topic, "partition", p, "err", err)
+	if metaErr == nil {
+		if err := w.loadDeadLetters(ctx, pt, claim.InitialOffset(), committed); err != nil && ctx.Err() == nil {
+			w.log.Warn("could not read the dead letters of records to be processed again; a record rejected again may be dead-lettered twice",
+				"topic", topic, "partition", p, "err", err)
+		}
 	}
 	var states []tablestate.Cutter
 	for _, rk := range acquired {

@@ -38,6 +38,7 @@ type metrics struct {
 	restored  *prometheus.CounterVec
 
 	restarts        *prometheus.CounterVec
+	dupsSkipped     *prometheus.CounterVec
 	startMismatch   *prometheus.CounterVec
 	taskTransitions *prometheus.CounterVec
 	taskInvalid     prometheus.Counter
@@ -137,6 +138,8 @@ func newMetrics(w *Worker) *metrics {
 			"Changelog records replayed into local stores by active restores (added when a restore ends).", "table"),
 		restarts: counter("runnel_partition_restarts_total",
 			"Partition restarts in place after a failed record (redelivery from the last commit point).", "topic"),
+		dupsSkipped: counter("runnel_repartition_duplicates_skipped_total",
+			"At-least-once: records of a repartition topic skipped because an earlier run of their source partition already delivered them (agent.Deterministic).", "topic"),
 		startMismatch: counter("runnel_claim_start_mismatches_total",
 			"Claims that would have started at another offset than the one their table partition was restored to (the partition is rebuilt; should stay 0).", "table"),
 		taskTransitions: counter("runnel_task_transitions_total",
@@ -182,7 +185,7 @@ func newMetrics(w *Worker) *metrics {
 		Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)})
 	m.generation = prometheus.NewGauge(prometheus.GaugeOpts{Name: "runnel_group_generation",
 		Help: "Consumer group generation of this member's latest assignment."})
-	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.startMismatch, m.taskTransitions, m.taskInvalid, m.cycleRecords, m.cycleSeconds, m.cycleSize,
+	m.reg.MustRegister(m.committed, m.restored, m.restarts, m.dupsSkipped, m.startMismatch, m.taskTransitions, m.taskInvalid, m.cycleRecords, m.cycleSeconds, m.cycleSize,
 		m.processed, m.sent, m.retried, m.deadLetters, m.ackTimeouts, m.cacheFlushes, m.cacheWaits, m.cacheWaitSeconds, m.restoreLeft, m.restoreRate,
 		m.rebalances, m.rebalanceDur, m.generation, m.timerFirings,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -208,6 +211,7 @@ func (m *metrics) presetSeries(w *Worker) {
 		}
 		m.committed.WithLabelValues(a.Source)
 		m.restarts.WithLabelValues(a.Source)
+		m.dupsSkipped.WithLabelValues(a.Source)
 		m.processed.WithLabelValues(a.Source, a.Name)
 		m.retried.WithLabelValues(a.Source, a.Name)
 		m.ackTimeouts.WithLabelValues(a.Source, a.Name)
@@ -303,6 +307,10 @@ func (w *Worker) agentEnv(env *tablestate.Env, r agentrt.Runner) *tablestate.Env
 	}
 	for _, t := range r.Settings().Sinks {
 		e.Sends = append(e.Sends, t.Name())
+	}
+	e.SendFrom = nil
+	if r.Settings().Deterministic && w.txn == nil && env.Send != nil {
+		e.SendFrom = w.sendFrom // dedup.go
 	}
 	send := env.Send
 	if send == nil {

@@ -123,6 +123,9 @@ type partition struct {
 	// dead are the records of the claim dead-lettered at-least-once and not
 	// yet behind the marked offset (dlq.go).
 	dead deadLettered
+	// src is the claim's duplicate filter: a repartition topic under
+	// at-least-once, nil otherwise (dedup.go).
+	src *srcFilter
 }
 
 // deadLetters is the claim's record of dead letters written, nil under
@@ -144,7 +147,7 @@ func (pt *partition) deadLetters() *deadLettered {
 // (deadLettered.metadata), for whoever claims the partition next.
 func (pt *partition) markOffset(next int64) {
 	if pt.w.txn == nil {
-		pt.sess.MarkOffset(pt.topic, pt.p, next, pt.dead.metadata(next))
+		pt.sess.MarkOffset(pt.topic, pt.p, next, joinMeta(pt.dead.metadata(next), pt.src.metadata(next, true)))
 	}
 }
 
@@ -483,13 +486,6 @@ func (pt *partition) attemptsOf(offset int64) int { return pt.w.attempts.Get(pt.
 
 func (pt *partition) forget(offset int64) { pt.w.attempts.Forget(pt.key, offset) }
 
-// epoch is the broker payload of every record fanned out in one producer
-// epoch (the record's offset is in its source.Record). A seek back starts a
-// new epoch (a new pointer); Advance ignores records of older epochs (they
-// are fetched again). One pointer per epoch, not a value per record: boxing a
-// pointer into the payload interface allocates nothing.
-type epoch struct{ n uint64 }
-
 // claimProducer is the shared-source producer of one incarnation of a claimed
 // partition. Its poll loop reads the claim (or, after a seek back or in a
 // later incarnation, its own PartitionConsumer); its Advance marks offsets,
@@ -577,10 +573,21 @@ func newClaimProducer(pt *partition, from int64) *claimProducer {
 		start = pt.feed.Claim().InitialOffset()
 	}
 	c := &claimProducer{pt: pt, from: from, ready: make(chan struct{}), stop: make(chan struct{}),
-		rewindCh: make(chan struct{}, 1), wm: source.NewWatermark(start), epoch: &epoch{}, rewind: -1, marked: -1,
+		rewindCh: make(chan struct{}, 1), wm: source.NewWatermark(start), epoch: newEpoch(0, start), rewind: -1, marked: -1,
 		flushed: start, nextFetch: start, retryAt: -1}
+	if from >= 0 {
+		pt.src.rewind(from) // a later incarnation reads again from from
+	}
 	c.cond = sync.NewCond(&c.mu)
 	return c
+}
+
+// filter is the claim's duplicate filter (nil: none; dedup.go).
+func (c *claimProducer) filter() *srcFilter {
+	if c.pt == nil {
+		return nil
+	}
+	return c.pt.src
 }
 
 func (c *claimProducer) stopFetching() {
@@ -1133,15 +1140,31 @@ func (c *claimProducer) emitFetched(msgs []*sarama.ConsumerMessage, batch []sour
 		release()
 		return errCacheFull
 	}
-	for _, m := range msgs {
-		c.wm.Fetched(m.Offset)
-	}
 	last := msgs[len(msgs)-1]
+	// Records an earlier run of their source partition delivered are not
+	// handed out: fetched and resolved at once (dedup.go).
+	all := msgs
+	msgs, skipped := c.filter().offer(all)
+	for _, m := range all {
+		c.wm.Fetched(m.Offset)
+		if len(skipped) > 0 && skipped[0] == m.Offset {
+			c.wm.Resolved(m.Offset)
+			skipped = skipped[1:]
+		}
+	}
 	c.nextFetch = last.Offset + 1
-	c.handed += int64(len(msgs))
+	// Skipped records count as handed out: they move the commit point as
+	// handed ones do, and a task's idle check cycles on the count.
+	c.handed += int64(len(all))
 	pl := c.epoch
 	c.mu.Unlock()
 	release()
+	if len(msgs) < len(all) {
+		c.markResolved() // the skipped records resolved
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
 	batch = batch[:0]
 	// One allocation for the batch's records: a record already keeps its
 	// fetch's buffer alive through its key and value.
@@ -1222,23 +1245,7 @@ func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem)
 	pt := c.pt
 	resolved := 0
 	defer func() {
-		c.mu.Lock()
-		next := c.wm.Next()
-		if c.capped {
-			next = min(next, c.flushed)
-		}
-		mark := next > c.marked && next >= 0
-		if mark {
-			c.marked = next
-		}
-		c.cond.Broadcast()
-		c.mu.Unlock()
-		if mark {
-			// Kafka commits the offset of the next record to read.
-			pt.markOffset(next)
-			pt.w.metrics.position(pt.topic, pt.p, next)
-			pt.dead.prune(next)
-		}
+		c.markResolved()
 		if resolved > 0 {
 			pt.w.processed.Add(int64(resolved))
 			pt.w.metrics.advanced(pt.topic, pt.agentNames(), resolved)
@@ -1308,6 +1315,29 @@ func (c *claimProducer) Advance(ctx context.Context, batch []source.AdvanceItem)
 	return nil
 }
 
+// markResolved marks for commit the offset after the records resolved so
+// far (capped: not past the last cycle's commit point).
+func (c *claimProducer) markResolved() {
+	pt := c.pt
+	c.mu.Lock()
+	next := c.wm.Next()
+	if c.capped {
+		next = min(next, c.flushed)
+	}
+	mark := next > c.marked && next >= 0
+	if mark {
+		c.marked = next
+	}
+	c.cond.Broadcast()
+	c.mu.Unlock()
+	if mark {
+		// Kafka commits the offset of the next record to read.
+		pt.markOffset(next)
+		pt.w.metrics.position(pt.topic, pt.p, next)
+		pt.dead.prune(next)
+	}
+}
+
 func (c *claimProducer) stopped() bool {
 	select {
 	case <-c.stop:
@@ -1323,7 +1353,8 @@ func (c *claimProducer) Topic() string { return c.pt.topic }
 // Partition implements task.Source.
 func (c *claimProducer) Partition() int32 { return c.pt.p }
 
-// Handed implements task.Source.
+// Handed implements task.Source; a record skipped as sent again (dedup.go)
+// counts as handed out.
 func (c *claimProducer) Handed() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -1440,7 +1471,8 @@ func (c *claimProducer) skipControl() {
 // offset (unless fetching stopped).
 func (c *claimProducer) seekBack(offset int64) {
 	c.mu.Lock()
-	c.epoch = &epoch{n: c.epoch.n + 1}
+	c.epoch = newEpoch(c.epoch.n+1, offset)
+	c.filter().rewind(offset)
 	c.rewind = offset
 	c.wm.Reset(offset)
 	c.nextFetch = offset

@@ -59,7 +59,13 @@ func crashApp(id string, brokers []string, block string) (*App, *agent.Topic[str
 
 func crashChild(id string) int {
 	a, _, _ := crashApp(id, strings.Split(os.Getenv(envCrashBrokers), ","), os.Getenv(envCrashBlock))
-	w, err := a.NewWorker(WorkerOptions{DataDir: os.Getenv(envCrashDir)})
+	return runChildWorker(a, os.Getenv(envCrashDir))
+}
+
+// runChildWorker runs a worker of a on dir until it stops, in a child process
+// a test started (startChild); it returns the child's exit status.
+func runChildWorker(a *App, dir string) int {
+	w, err := a.NewWorker(WorkerOptions{DataDir: dir})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -69,6 +75,19 @@ func crashChild(id string) int {
 		return 1
 	}
 	return 0
+}
+
+// startChild starts the test binary again with env added (an init turns it
+// into a worker), its output on the test's stderr.
+func startChild(t *testing.T, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd
 }
 
 // A worker process is killed (SIGKILL) while one record's first derived record
@@ -89,14 +108,8 @@ func TestCrashRedeliversUnacknowledged(t *testing.T) {
 		vals[i] = "v" + strconv.Itoa(i)
 	}
 	child := func(blockAt string) *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envCrashChild+"="+id, envCrashBrokers+"="+strings.Join(brokers, ","),
+		return startChild(t, envCrashChild+"="+id, envCrashBrokers+"="+strings.Join(brokers, ","),
 			envCrashDir+"="+dir, envCrashBlock+"="+blockAt)
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return cmd
 	}
 	first := child(vals[block])
 	t.Cleanup(func() { _ = first.Process.Kill(); _ = first.Wait() })

@@ -81,7 +81,8 @@ type TaskStatus struct {
 	// that keeps growing is a blocked task.
 	Postponed int64 `json:"postponed"`
 	// Handed is how many records the task's sources handed out to its
-	// agents since the task started.
+	// agents since the task started, counting the records of a repartition
+	// topic skipped as sent again (agent.Deterministic).
 	Handed int64 `json:"handed"`
 	// HandedPerSecond is the rate of Handed over the last ~10 s, from the
 	// worker's samples of its counters taken once a second.
@@ -653,7 +654,8 @@ func commitMetadata(tr *taskRun, offs []task.Offset) []string {
 	for i, o := range offs {
 		for _, s := range srcs {
 			if c, ok := s.(*claimProducer); ok && c.pt.topic == o.Topic && c.pt.p == o.Partition {
-				out[i] = c.pt.dead.metadataFrom(o.Offset) // the commit may fail: forget nothing yet
+				// The commit may fail: forget nothing yet.
+				out[i] = joinMeta(c.pt.dead.metadataFrom(o.Offset), c.pt.src.metadata(o.Offset, false))
 				break
 			}
 		}

@@ -208,6 +208,23 @@ func (d *Delivery) Open() bool {
 	return s.g.live.Load() && s.winD == d && d.e.binds[d.i].state == bOpen
 }
 
+// Payload returns what the producer delivered d's record with (the payload
+// given to emit: a Kafka producer's incarnation of its partition), nil
+// outside d's open window or on the fast path. Senders stamp a derived
+// record with it (package dedup).
+func (d *Delivery) Payload() any {
+	if d == nil || d.e == nil {
+		return nil
+	}
+	s := d.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.winD != d {
+		return nil
+	}
+	return d.e.payload
+}
+
 // Bind binds one derived record (a sink record, a changelog record) to d's
 // window and returns its persist token: d's subscriber is not acked on the
 // record until the token is confirmed. ok is false (and the returned Token is

@@ -66,6 +66,11 @@ type Settings struct {
 	Lookups []tablestate.Def
 	// Effects name the effects the agent applies (agent.Applies).
 	Effects []string
+	// Deterministic says the agent's sends depend only on the record it
+	// processes (agent.Deterministic): under at-least-once its records to
+	// repartition topics are stamped so that their reader skips what a
+	// second run of the same source records sends again (package dedup).
+	Deterministic bool
 }
 
 // Topic is a declared topic as the runtime reads it: the method set of

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // DeliveryFunc receives the broker's answer for one record: its partition and
@@ -102,6 +103,15 @@ func (p *Producer) SendRecordAt(topic string, partition int32, key, value []byte
 		return err
 	}
 	return p.k.send(topic, partition, key, value, nil, ts, ack, nil, nil)
+}
+
+// SendRecordHeader is SendRecordAt with one record header (hkey, hval); hval
+// must not change until the answer.
+func (p *Producer) SendRecordHeader(topic string, partition int32, key, value []byte, ts time.Time, hkey string, hval []byte, ack Acker) error {
+	if err := p.admit(); err != nil {
+		return err
+	}
+	return p.k.send(topic, partition, key, value, []kgo.RecordHeader{{Key: hkey, Value: hval}}, ts, ack, nil, nil)
 }
 
 // Flush waits until every record sent so far has its delivery report, or ctx

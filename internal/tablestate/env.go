@@ -70,6 +70,11 @@ type Env struct {
 	// producer's clock); repartition topics use it to keep the source
 	// record's event time, timers to stamp their records with the firing's.
 	SendAt func(topic string, p int32, key, value []byte, ts time.Time, ack Acker) error
+	// SendFrom, when set, is SendAt for a record a Deterministic agent
+	// derives from o's source record into a repartition topic: the worker
+	// stamps it with where it comes from (package dedup). Set under
+	// at-least-once only.
+	SendFrom func(o Origin, topic string, p int32, key, value []byte, ts time.Time, ack Acker) error
 	// StreamTime, when set, is advanced by the agents of one source
 	// partition to the timestamp of every record they receive: the
 	// partition's stream time, which stream-time timers follow.
@@ -100,6 +105,21 @@ type Env struct {
 	// is checked (the worker's own writes, such as a join's backfill).
 	Agent         string
 	Writes, Sends []string
+}
+
+// Origin is the source record a derived record comes from, as SendFrom
+// stamps it.
+type Origin struct {
+	Agent     string
+	Topic     string
+	Partition int32
+	Offset    int64
+	// Payload is what the source producer delivered the record with
+	// (source.Delivery.Payload): the worker's incarnation of the partition.
+	Payload any
+	// Sends counts the event's stamped sends so far; SendFrom numbers the
+	// record with it and increments it (under the run's lock).
+	Sends *uint32
 }
 
 // ReplayGate is how a replay (package replay) tells an agent's named effects

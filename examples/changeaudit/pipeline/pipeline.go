@@ -81,7 +81,7 @@ func Build(id string, opts ...app.Option) *Pipeline {
 			}
 		}
 		return s.Err()
-	}, agent.SendsTo(p.ByDir))
+	}, agent.SendsTo(p.ByDir), agent.Deterministic()) // its sends depend on the event only: hop 2 skips what a second run sends again
 	agent.New(a, "count-by-dir", p.ByDir, func(ctx context.Context, s *agent.Stream[string, DirChange]) error {
 		for ev := range s.Events() {
 			p.EventsPerDir.Update(ev, ev.Key, func(n int64) int64 { return n + 1 })
