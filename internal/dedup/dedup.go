@@ -194,6 +194,23 @@ func (e *Entry) covers(s Stamp) bool {
 	return s.Offset < e.MarkOffset || s.Offset == e.MarkOffset && s.Index <= e.MarkIndex
 }
 
+// slot is a key's current entry; dirty says it changed since the last Seal.
+type slot struct {
+	key   Key
+	e     Entry
+	dirty bool
+}
+
+// setCur makes m the current state (no change since the last Seal).
+func (f *Filter) setCur(m map[Key]Entry) {
+	f.cur = make(map[Key]*slot, len(m))
+	for k, e := range m {
+		f.cur[k] = &slot{key: k, e: e}
+	}
+	clear(f.dirty)
+	f.dirty = f.dirty[:0]
+}
+
 // delta is the entries a sealed batch changed, and the offset after it.
 type delta struct {
 	end     int64
@@ -210,8 +227,8 @@ type Filter struct {
 	base   map[Key]Entry // the state at baseAt
 	baseAt int64
 	deltas []delta // sealed batches after baseAt, in order
-	cur    map[Key]Entry
-	dirty  map[Key]bool // changed since the last Seal
+	cur    map[Key]*slot // the current state
+	dirty  []*slot       // changed since the last Seal
 
 	// Encode's last answer, for the same sealed state (gen counts the
 	// changes of the sealed deltas).
@@ -223,7 +240,7 @@ type Filter struct {
 // NewFilter returns an empty filter whose state holds at offset at (the
 // reader's start; -1: anywhere).
 func NewFilter(at int64) *Filter {
-	return &Filter{names: map[string]string{}, base: map[Key]Entry{}, baseAt: at, cur: map[Key]Entry{}, dirty: map[Key]bool{}}
+	return &Filter{names: map[string]string{}, base: map[Key]Entry{}, baseAt: at, cur: map[Key]*slot{}}
 }
 
 // OfferHeader is Offer of a record whose dedup.Header value is h: ok is
@@ -252,7 +269,12 @@ func (f *Filter) intern(b []byte) string {
 // skipped (a run that started no later than s's delivered it before).
 func (f *Filter) Offer(s Stamp) (skip bool) {
 	k := Key{Topic: s.Topic, Partition: s.Partition, Agent: s.Agent}
-	e := f.cur[k]
+	sl := f.cur[k]
+	if sl == nil {
+		sl = &slot{key: k}
+		f.cur[k] = sl
+	}
+	e := sl.e
 	whole := s.Seq == 0 // a run read from its first record on
 	if e.Run != 0 && s.Run == e.Run {
 		whole = e.Whole && s.Seq == e.Next // none of the run's records missing
@@ -262,8 +284,11 @@ func (f *Filter) Offer(s Stamp) (skip bool) {
 	if !skip && whole {
 		e.HasMark, e.MarkRun, e.MarkBase, e.MarkOffset, e.MarkIndex = true, s.Run, s.Base, s.Offset, s.Index
 	}
-	f.cur[k] = e
-	f.dirty[k] = true
+	sl.e = e
+	if !sl.dirty {
+		sl.dirty = true
+		f.dirty = append(f.dirty, sl)
+	}
 	return skip
 }
 
@@ -274,10 +299,12 @@ func (f *Filter) Seal(end int64) {
 		return
 	}
 	d := delta{end: end, changes: make(map[Key]Entry, len(f.dirty))}
-	for k := range f.dirty {
-		d.changes[k] = f.cur[k]
+	for _, sl := range f.dirty {
+		d.changes[sl.key] = sl.e
+		sl.dirty = false
 	}
 	clear(f.dirty)
+	f.dirty = f.dirty[:0]
 	f.gen++
 	if n := len(f.deltas); n > 0 && f.deltas[n-1].end >= end {
 		// Not after the last seal: fold into it (the state at the
@@ -315,7 +342,7 @@ func (f *Filter) Commit(at int64) {
 // stateAt returns the state at the last seal at or before at (the base if
 // there is none).
 func (f *Filter) stateAt(at int64) map[Key]Entry {
-	m := make(map[Key]Entry, len(f.base)+len(f.cur))
+	m := make(map[Key]Entry, len(f.base))
 	if at < f.baseAt {
 		return m // before what the filter knows: no marks (keeps everything)
 	}
@@ -334,17 +361,16 @@ func (f *Filter) stateAt(at int64) map[Key]Entry {
 // there): to the last seal at or before it. Unsealed offers are dropped.
 func (f *Filter) Rewind(at int64) {
 	n := f.sealedAt(at)
-	f.cur = f.stateAt(at)
+	f.setCur(f.stateAt(at))
 	f.deltas = f.deltas[:n]
-	clear(f.dirty)
 	f.gen++
 }
 
 // Entries returns a copy of the current state (tests, status).
 func (f *Filter) Entries() map[Key]Entry {
 	m := make(map[Key]Entry, len(f.cur))
-	for k, e := range f.cur {
-		m[k] = e
+	for k, sl := range f.cur {
+		m[k] = sl.e
 	}
 	return m
 }
@@ -500,7 +526,7 @@ func Decode(s string, at int64) *Filter {
 	}
 	for k, e := range m {
 		f.base[k] = e
-		f.cur[k] = e
 	}
+	f.setCur(m)
 	return f
 }
