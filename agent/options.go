@@ -136,6 +136,15 @@ func Applies(effects ...*Effect) Option {
 // the record). Exactly-once needs no stamps (an aborted transaction's records
 // are never read) and sends none.
 //
+// A run that goes on past a record it did not finish (the agent failed on it
+// and was run again, or it was dead-lettered, or a send failed) stops
+// covering records there, so the record's redelivery is kept. Costs: about
+// 60 bytes of header per repartition record, the stamped sends of one
+// source partition's agents made one at a time (under one lock, with the
+// producer call), and marks for at most about 90 (source partition, agent)
+// pairs per repartition partition (the commit metadata's room): beyond that,
+// records sent again are counted again.
+//
 // An agent whose sends depend on anything else (the clock, randomness, a
 // table another partition or another agent writes) must not set it: after a
 // failed send its second run could send a record to a partition whose reader

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -39,6 +40,17 @@ type epoch struct {
 	// records reach a partition in the order of their numbers).
 	mu   sync.Mutex
 	seqs map[seqKey]uint32 // the next sequence number per agent and destination; guarded by mu
+	// fails counts the agent failures of the partition (partition.fails:
+	// an agent restarted on the same subscription, or a record
+	// dead-lettered, goes on past a record it did not finish); failsAt is
+	// its value when the run started and seen, per destination, its value
+	// at the run's last send there. A send that finds the count moved skips
+	// a sequence number: the gap keeps the reader's mark from passing the
+	// unfinished record (package dedup). nil: no gaps (tests). seen is
+	// guarded by mu.
+	fails   *atomic.Uint64
+	failsAt uint64
+	seen    map[seqKey]uint64
 }
 
 // seqKey names a run's sends of one agent to one repartition partition.
@@ -47,9 +59,14 @@ type seqKey struct {
 	p            int32
 }
 
-// newEpoch returns incarnation n of a claim's reading, starting at base.
-func newEpoch(n uint64, base int64) *epoch {
-	return &epoch{n: n, run: rand.Uint64() | 1, base: base}
+// newEpoch returns incarnation n of a claim's reading, starting at base;
+// fails is the partition's count of agent failures (nil: none).
+func newEpoch(n uint64, base int64, fails *atomic.Uint64) *epoch {
+	ep := &epoch{n: n, run: rand.Uint64() | 1, base: base, fails: fails}
+	if fails != nil {
+		ep.failsAt = fails.Load()
+	}
+	return ep
 }
 
 // sendFrom is tablestate.Env.SendFrom: the record goes out with its stamp
@@ -64,17 +81,29 @@ func (w *Worker) sendFrom(o tablestate.Origin, topic string, p int32, key, value
 	ep.mu.Lock()
 	defer ep.mu.Unlock()
 	k := seqKey{agent: o.Agent, topic: topic, p: p}
-	st := dedup.Stamp{Topic: o.Topic, Partition: o.Partition, Agent: o.Agent, Offset: o.Offset, Index: *o.Sends,
-		Run: ep.run, Base: ep.base, Seq: ep.seqs[k]}
-	if err := w.producer.SendRecordHeader(topic, p, key, value, ts, dedup.Header, st.Append(nil), ack); err != nil {
-		return err // not sent: no number used
-	}
-	*o.Sends++
 	if ep.seqs == nil {
 		ep.seqs = map[seqKey]uint32{}
 	}
+	if ep.fails != nil {
+		if ep.seen == nil {
+			ep.seen = map[seqKey]uint64{}
+		}
+		at, ok := ep.seen[k]
+		if !ok {
+			at = ep.failsAt
+		}
+		if f := ep.fails.Load(); f != at {
+			ep.seqs[k]++ // a gap: an agent went on past a record it did not finish
+			ep.seen[k] = f
+		}
+	}
+	st := dedup.Stamp{Topic: o.Topic, Partition: o.Partition, Agent: o.Agent, Offset: o.Offset, Index: *o.Sends,
+		Run: ep.run, Base: ep.base, Seq: ep.seqs[k]}
+	*o.Sends++
+	// The number is used even when the producer refuses the record: the
+	// gap keeps the reader's mark from passing it.
 	ep.seqs[k]++
-	return nil
+	return w.producer.SendRecordHeader(topic, p, key, value, ts, dedup.Header, st.Append(nil), ack)
 }
 
 // isRepartition reports whether topic is a repartition topic of the app.
@@ -84,9 +113,12 @@ func (w *Worker) isRepartition(topic string) bool {
 }
 
 // maxSrcMetadata bounds the filter's part of the commit metadata (with the
-// dead letters' maxDLQMetadata, well below offset.metadata.max.bytes, 4096
-// by default); marks past it are left out (their records are then kept).
-const maxSrcMetadata = 2048
+// dead letters' maxDLQMetadata and the separator, below
+// offset.metadata.max.bytes, 4096 by default): about 90 (source partition,
+// agent) marks at offsets near 10^7. Marks past it are left out: the next
+// owner keeps those keys' records sent again (counted twice, as without
+// stamps).
+const maxSrcMetadata = 2900
 
 // srcFilter is the duplicate filter of one claimed repartition partition
 // under at-least-once (dedup.Filter), shared by the claim's incarnations:

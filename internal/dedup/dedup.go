@@ -23,7 +23,12 @@
 // to a record whose run arrived with no sequence number missing (a failed
 // send, then a later one of the same run that succeeded, leaves a gap: the
 // mark stays where it was), so every record of the mark's run up to the mark
-// is in the partition, before the mark. A later run starts at an offset the
+// is in the partition, before the mark. A run that goes on past a record it
+// did not finish (its agent failed on the record and was run again on the
+// same subscription, or the record was dead-lettered) must not cover that
+// record either: the sender skips a sequence number at its next send to each
+// destination after the failure, and a send the producer refused uses its
+// number too, so the gap stops the mark there as well. A later run starts at an offset the
 // group committed, at or after the mark's run's start (committed offsets
 // only move forward), so each record it sends at or below the mark is one
 // the mark's run processed too and delivered. For an agent whose sends
@@ -450,9 +455,15 @@ func (f *Filter) encode(at int64, max int) string {
 		if e.Whole {
 			flags |= 2
 		}
+		sameRun := e.HasMark && e.MarkRun == e.Run
+		if sameRun {
+			flags |= 4 // the mark's run is the run read last: written once
+		}
 		ent = append(ent, flags)
 		if e.HasMark {
-			ent = binary.BigEndian.AppendUint64(ent, e.MarkRun)
+			if !sameRun {
+				ent = binary.BigEndian.AppendUint64(ent, e.MarkRun)
+			}
 			ent = binary.AppendVarint(ent, e.MarkBase)
 			ent = binary.AppendVarint(ent, e.MarkOffset)
 			ent = binary.AppendUvarint(ent, uint64(e.MarkIndex))
@@ -502,12 +513,14 @@ func Decode(s string, at int64) *Filter {
 		r.b = r.b[1:]
 		var e Entry
 		if flags&1 != 0 {
-			if len(r.b) < 8 {
-				return f
-			}
 			e.HasMark = true
-			e.MarkRun = binary.BigEndian.Uint64(r.b)
-			r.b = r.b[8:]
+			if flags&4 == 0 {
+				if len(r.b) < 8 {
+					return f
+				}
+				e.MarkRun = binary.BigEndian.Uint64(r.b)
+				r.b = r.b[8:]
+			}
 			e.MarkBase = r.varint()
 			e.MarkOffset = r.varint()
 			e.MarkIndex = uint32(r.uvarint())
@@ -517,6 +530,9 @@ func Decode(s string, at int64) *Filter {
 		}
 		e.Run = binary.BigEndian.Uint64(r.b)
 		r.b = r.b[8:]
+		if flags&4 != 0 {
+			e.MarkRun = e.Run
+		}
 		e.Next = uint32(r.uvarint())
 		e.Whole = flags&2 != 0
 		m[Key{Topic: names[i].topic, Partition: int32(p), Agent: names[i].agent}] = e
