@@ -427,6 +427,11 @@ func (a *sinkAck) Acked(_ int64, err error) {
 		}
 		a.tok.Confirm()
 	} else {
+		if a.inflight != nil {
+			// Counted before the token fails: sends refused or made after
+			// the failure see it (a stamped send then leaves a gap).
+			a.inflight.Fail()
+		}
 		a.tok.Fail(err)
 	}
 	if a.inflight != nil {

@@ -124,7 +124,9 @@ func Applies(effects ...*Effect) Option {
 // Deterministic declares that what the agent sends for a record depends only
 // on that record (and on tables only the agent's own partition writes): the
 // same records, to the same partitions, in the same order, whenever the
-// record is processed. Under at-least-once a record processed again (after a
+// record is processed. The sends of one event must therefore be made one
+// after another, not from several goroutines at once (their order, which
+// numbers them, would change from run to run). Under at-least-once a record processed again (after a
 // kill -9, a failed commit or an abandoned task: everything processed since
 // the partition's last commit) is sent again; with this option the records
 // the agent sends to a repartition topic (Repartition, GroupBy) carry where
@@ -137,8 +139,9 @@ func Applies(effects ...*Effect) Option {
 // are never read) and sends none.
 //
 // A run that goes on past a record it did not finish (the agent failed on it
-// and was run again, or it was dead-lettered, or a send failed) stops
-// covering records there, so the record's redelivery is kept. Costs: about
+// and was run again, it was dead-lettered, or one of its derived records was
+// refused, so that its later sends were refused too) stops covering records
+// there, so the record's redelivery is kept. Costs: about
 // 60 bytes of header per repartition record, the stamped sends of one
 // source partition's agents made one at a time (under one lock, with the
 // producer call), and marks for at most about 90 (source partition, agent)

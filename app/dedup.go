@@ -4,7 +4,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -40,15 +39,16 @@ type epoch struct {
 	// records reach a partition in the order of their numbers).
 	mu   sync.Mutex
 	seqs map[seqKey]uint32 // the next sequence number per agent and destination; guarded by mu
-	// fails counts the agent failures of the partition (partition.fails:
-	// an agent restarted on the same subscription, or a record
-	// dead-lettered, goes on past a record it did not finish); failsAt is
-	// its value when the run started and seen, per destination, its value
-	// at the run's last send there. A send that finds the count moved skips
-	// a sequence number: the gap keeps the reader's mark from passing the
-	// unfinished record (package dedup). nil: no gaps (tests). seen is
-	// guarded by mu.
-	fails   *atomic.Uint64
+	// fails counts the partition's unfinished events
+	// (tablestate.InFlight.Fail: a derived record the broker refused, so
+	// that the event's later sends are refused too; an agent that failed
+	// and runs again on the same subscription, going on past the record);
+	// failsAt is the count when the run started and seen, per destination,
+	// the count at the run's last send there. A send that finds the count
+	// moved skips a sequence number: the gap keeps the reader's mark from
+	// passing the unfinished record (package dedup). nil: no gaps (tests).
+	// seen is guarded by mu.
+	fails   *tablestate.InFlight
 	failsAt uint64
 	seen    map[seqKey]uint64
 }
@@ -60,11 +60,11 @@ type seqKey struct {
 }
 
 // newEpoch returns incarnation n of a claim's reading, starting at base;
-// fails is the partition's count of agent failures (nil: none).
-func newEpoch(n uint64, base int64, fails *atomic.Uint64) *epoch {
+// fails counts the partition's unfinished events (nil: none).
+func newEpoch(n uint64, base int64, fails *tablestate.InFlight) *epoch {
 	ep := &epoch{n: n, run: rand.Uint64() | 1, base: base, fails: fails}
 	if fails != nil {
-		ep.failsAt = fails.Load()
+		ep.failsAt = fails.Failures()
 	}
 	return ep
 }
@@ -92,8 +92,8 @@ func (w *Worker) sendFrom(o tablestate.Origin, topic string, p int32, key, value
 		if !ok {
 			at = ep.failsAt
 		}
-		if f := ep.fails.Load(); f != at {
-			ep.seqs[k]++ // a gap: an agent went on past a record it did not finish
+		if f := ep.fails.Failures(); f != at {
+			ep.seqs[k]++ // a gap: the run went on past a record it did not finish
 			ep.seen[k] = f
 		}
 	}

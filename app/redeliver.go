@@ -126,11 +126,6 @@ type partition struct {
 	// src is the claim's duplicate filter: a repartition topic under
 	// at-least-once, nil otherwise (dedup.go).
 	src *srcFilter
-	// fails counts the failures of the partition's agents (supervise): an
-	// agent run again on the same subscription goes on past a record it
-	// did not finish, and the runs stamping repartition records leave a gap
-	// there (epoch, dedup.go).
-	fails atomic.Uint64
 }
 
 // deadLetters is the claim's record of dead letters written, nil under
@@ -438,9 +433,10 @@ func (pt *partition) supervise(actx context.Context, r agentrt.Runner, sub *sour
 			return agentResult{r: r, sub: sub}
 		}
 		w.metrics.agentFailed(pt.topic, r.Name(), err)
-		// Before the agent runs again: its sends after this point are
-		// stamped with a gap (dedup.go).
-		pt.fails.Add(1)
+		// Before the agent runs again: it goes on past a record it did not
+		// finish, and its stamped sends after this point leave a gap
+		// (dedup.go).
+		pt.inflight.Fail()
 		var ae *agent.Error
 		if errors.Is(err, tablestate.ErrNotOwned) {
 			// A table write that no running task's cycles would cut: a
@@ -581,7 +577,7 @@ func newClaimProducer(pt *partition, from int64) *claimProducer {
 		start = pt.feed.Claim().InitialOffset()
 	}
 	c := &claimProducer{pt: pt, from: from, ready: make(chan struct{}), stop: make(chan struct{}),
-		rewindCh: make(chan struct{}, 1), wm: source.NewWatermark(start), epoch: newEpoch(0, start, &pt.fails), rewind: -1, marked: -1,
+		rewindCh: make(chan struct{}, 1), wm: source.NewWatermark(start), epoch: newEpoch(0, start, pt.inflight), rewind: -1, marked: -1,
 		flushed: start, nextFetch: start, retryAt: -1}
 	if from >= 0 {
 		pt.src.rewind(from) // a later incarnation reads again from from
@@ -1479,9 +1475,9 @@ func (c *claimProducer) skipControl() {
 // offset (unless fetching stopped).
 func (c *claimProducer) seekBack(offset int64) {
 	c.mu.Lock()
-	var fails *atomic.Uint64
+	var fails *tablestate.InFlight
 	if c.pt != nil {
-		fails = &c.pt.fails
+		fails = c.pt.inflight
 	}
 	c.epoch = newEpoch(c.epoch.n+1, offset, fails)
 	c.filter().rewind(offset)

@@ -25,10 +25,12 @@
 // mark stays where it was), so every record of the mark's run up to the mark
 // is in the partition, before the mark. A run that goes on past a record it
 // did not finish (its agent failed on the record and was run again on the
-// same subscription, or the record was dead-lettered) must not cover that
-// record either: the sender skips a sequence number at its next send to each
-// destination after the failure, and a send the producer refused uses its
-// number too, so the gap stops the mark there as well. A later run starts at an offset the
+// same subscription, the record was dead-lettered, or the broker refused one
+// of its derived records so that the event's later sends were refused before
+// being numbered) must not cover that record either: the sender skips a
+// sequence number at its next send to each destination after the failure,
+// and a send the producer refused uses its number too, so the gap stops the
+// mark there as well. A later run starts at an offset the
 // group committed, at or after the mark's run's start (committed offsets
 // only move forward), so each record it sends at or below the mark is one
 // the mark's run processed too and delivered. For an agent whose sends

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runnel-dev/runnel/internal/evbind"
@@ -140,7 +141,19 @@ type InFlight struct {
 	mu   sync.Mutex
 	n    int           // guarded by mu
 	zero chan struct{} // closed when n drops to 0; nil while n is 0; guarded by mu
+	// failures counts the partition's events left unfinished: a derived
+	// record the broker refused (Fail), an agent that failed (the worker's
+	// supervisor). Stamped sends leave a gap after each (app/dedup.go).
+	failures atomic.Uint64
 }
+
+// Fail counts one failure of an event of the partition: call it before the
+// failure is made visible to the agent (the event's token failed, the agent
+// run again), so that the agent's later sends see it.
+func (f *InFlight) Fail() { f.failures.Add(1) }
+
+// Failures returns how many failures Fail counted.
+func (f *InFlight) Failures() uint64 { return f.failures.Load() }
 
 // Add counts one more record in flight.
 func (f *InFlight) Add() {
