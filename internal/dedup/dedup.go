@@ -233,7 +233,7 @@ type Filter struct {
 
 	base   map[Key]Entry // the state at baseAt
 	baseAt int64
-	deltas []delta // sealed batches after baseAt, in order
+	deltas []delta       // sealed batches after baseAt, in order
 	cur    map[Key]*slot // the current state
 	dirty  []*slot       // changed since the last Seal
 
