@@ -367,6 +367,13 @@ func (f *Filter) stateAt(at int64) map[Key]Entry {
 // Rewind puts the state back to offset at (the reader reads again from
 // there): to the last seal at or before it. Unsealed offers are dropped.
 func (f *Filter) Rewind(at int64) {
+	if at < f.baseAt {
+		// Before what the filter knows: start again at at, with no marks.
+		f.base, f.baseAt, f.deltas = map[Key]Entry{}, at, nil
+		f.setCur(nil)
+		f.gen++
+		return
+	}
 	n := f.sealedAt(at)
 	f.setCur(f.stateAt(at))
 	f.deltas = f.deltas[:n]
@@ -390,6 +397,9 @@ const Prefix = "runnel-src:"
 // entries, at most max bytes; entries past max are left out (their keys then
 // start without a mark: their records are kept). "" when there is nothing.
 func (f *Filter) Encode(at int64, max int) string {
+	if at < f.baseAt {
+		return "" // before what the filter knows: no marks
+	}
 	eff := f.baseAt
 	if n := f.sealedAt(at); n > 0 {
 		eff = f.deltas[n-1].end

@@ -123,13 +123,17 @@ func TestEncodeDecode(t *testing.T) {
 
 // TestNoLossProperty runs a deterministic agent over one source partition in
 // runs: each starts at the committed offset (which only moves forward, and
-// only past records whose sends all landed), processes some records, and has
+// only past records whose sends all landed), processes some records, has
 // any of its sends fail (a failed send and everything after it may or may
-// not land); a killed run's last sends may land after the next run's first
-// ones. A reader per repartition partition offers what landed, commits at
-// random batch boundaries, crashes back to its last commit (state decoded
-// from the encoded metadata, counts rolled back) and rewinds. At the end a
-// last run processes everything without failure and the readers read all:
+// not land) and its agent fail a record part-way and go on (the sender then
+// leaves a gap at its next send to each partition); a killed run's last
+// sends may land after the next run's first ones. A reader per repartition partition offers what landed, commits at
+// random points, inside a batch too (a seek back to a failed record, a
+// mark at the watermark), crashes back to its last commit (state decoded
+// from the encoded metadata, counts rolled back) and rewinds to any point
+// since the last commit (the filter then falls back to an earlier seal). At
+// the end a last run processes everything without failure and the readers
+// read all:
 // every (offset, index) the agent sends is counted at least once, and with
 // no failed sends, no interleaved runs and no reader crash, exactly once.
 func TestNoLossProperty(t *testing.T) {
@@ -242,36 +246,46 @@ func TestNoLossProperty(t *testing.T) {
 		for p := range parts {
 			log := logs[p]
 			f := NewFilter(0)
-			counts := map[[2]int64]int{}
+			var counts map[[2]int64]int
 			commitAt, commitMeta := 0, ""
 			commitCounts := map[[2]int64]int{}
 			pos := 0
+			kept := make([]bool, len(log)) // decision of each position read in this timeline
+			countsAt := func(q int) map[[2]int64]int {
+				c := clone(commitCounts)
+				for j := commitAt; j < q; j++ {
+					if kept[j] {
+						c[[2]int64{log[j].o, int64(log[j].i)}]++
+					}
+				}
+				return c
+			}
 			for pos < len(log) {
 				end := min(pos+rapid.IntRange(1, 4).Draw(t, "batch"), len(log))
-				for _, r := range log[pos:end] {
-					if !f.Offer(r.s) {
-						counts[[2]int64{r.o, int64(r.i)}]++
-					}
+				for j, r := range log[pos:end] {
+					kept[pos+j] = !f.Offer(r.s)
 				}
 				f.Seal(int64(end))
 				pos = end
+				// A point at or after the last commit, possibly inside a batch.
+				q := commitAt + rapid.IntRange(0, pos-commitAt).Draw(t, "point")
 				switch rapid.IntRange(0, 5).Draw(t, "reader") {
-				case 0: // commit here
-					commitAt, commitMeta = pos, f.Encode(int64(pos), 4096)
-					f.Commit(int64(pos))
-					commitCounts = clone(counts)
+				case 0: // commit at q (a record below q all resolved)
+					commitCounts = countsAt(q)
+					commitMeta = f.Encode(int64(q), 4096)
+					f.Commit(int64(q))
+					commitAt = q
 				case 1: // crash: back to the last commit
 					crashes = true
 					f = Decode(commitMeta, int64(commitAt))
-					counts = clone(commitCounts)
 					pos = commitAt
-				case 2: // a failed record: rewind to the last commit point
+				case 2: // a failed record at q: rewind there, read again from q
 					crashes = true
-					f.Rewind(int64(commitAt))
-					counts = clone(commitCounts)
-					pos = commitAt
+					f.Rewind(int64(q))
+					pos = q
 				}
 			}
+			counts = countsAt(len(log))
 			for o := range int64(n) {
 				for i := range sends(o) {
 					if dest(o, i) != p {
