@@ -149,6 +149,12 @@ func (h *handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 	ctx, claimDone := w.claimContext(sess, topic, p) // ends on revoke (cooperative) or session end
 	defer claimDone()
 	defer w.metrics.trackClaim(claim)()
+	if w.fetcher != nil {
+		// The worker's Fetcher reads the partition (claimProducer.openSub):
+		// the claim's own partition consumer fetches no more than its
+		// first response, which the feed discards.
+		w.cgroup.Pause(map[string][]int32{topic: {p}})
+	}
 	src, _ := w.graph.Topic(topic)
 	prepared := func() {}
 	if len(w.tableNamesOf(taskKey{src.Partitions, p})) > 0 {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/runnel-dev/runnel/agent/source"
@@ -110,6 +111,7 @@ const maxHistory = 20
 type claimPos struct {
 	claim sarama.ConsumerGroupClaim
 	next  atomic.Int64
+	sub   atomic.Pointer[kafka.Sub] // the Fetcher's reader of the partition, if any: its highwater is current
 }
 
 // RebalanceEvent is one rebalance as this member saw it: the assignment it
@@ -387,6 +389,17 @@ func (m *metrics) trackClaim(claim sarama.ConsumerGroupClaim) func() {
 	}
 }
 
+// claimSub records that sub reads topic partition p (its highwater is the
+// claim's: the claim's own fetching is paused).
+func (m *metrics) claimSub(topic string, p int32, sub *kafka.Sub) {
+	m.mu.Lock()
+	c := m.claims[restoreKey{topic, p}]
+	m.mu.Unlock()
+	if c != nil {
+		c.sub.Store(sub)
+	}
+}
+
 // position records next, the offset marked for commit on topic partition p
 // (the next record to process).
 func (m *metrics) position(topic string, p int32, next int64) {
@@ -416,6 +429,11 @@ func (m *metrics) lags() []PartitionLag {
 	out := make([]PartitionLag, 0, len(m.claims))
 	for k, c := range m.claims {
 		hw, pos := c.claim.HighWaterMarkOffset(), c.next.Load()
+		if s := c.sub.Load(); s != nil {
+			if h := s.HighWatermark(); h >= 0 {
+				hw = h
+			}
+		}
 		switch pos {
 		case sarama.OffsetNewest: // no committed offset, no record resolved yet
 			pos = hw

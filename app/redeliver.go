@@ -14,6 +14,7 @@ import (
 	"github.com/runnel-dev/runnel/agent"
 	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/internal/group"
+	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/task"
 	"github.com/runnel-dev/runnel/table"
 )
@@ -512,6 +513,10 @@ type claimProducer struct {
 	// pc is the own PartitionConsumer, owned by the poll goroutine until
 	// Open returns; Close closes it.
 	pc sarama.PartitionConsumer
+	// sub reads the partition through the worker's Fetcher (instead of the
+	// claim's channel and pc), nil without one. Set by the poll goroutine
+	// under mu; Close closes it.
+	sub *kafka.Sub
 	// usedClm says the poll loop took the claim's channel. Written by the
 	// poll goroutine with mu held (a cycle's skipControl reads it under mu
 	// while the poll loop may be starting); the poll goroutine and Close
@@ -674,6 +679,9 @@ func (c *claimProducer) OpenBatch(ctx context.Context, emit func([]source.Emit) 
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	if pt.w != nil && pt.w.fetcher != nil {
+		return c.openSub(ctx, msgBatch, batch, emit)
+	}
 	var msgs <-chan *sarama.ConsumerMessage
 	if c.from < 0 {
 		msgs = pt.feed.Take()
@@ -743,6 +751,72 @@ func (c *claimProducer) OpenBatch(ctx context.Context, emit func([]source.Emit) 
 				default:
 					break drain
 				}
+			}
+			err := c.emitBatch(ctx, msgBatch, batch, emit)
+			clear(msgBatch)
+			if err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// openSub is OpenBatch's poll loop reading the partition through the
+// worker's Fetcher: the claim's own channel is released to the feed (which
+// only waits for its end, the revoke) and its fetching paused, and a seek
+// back is a Seek of the Sub.
+func (c *claimProducer) openSub(ctx context.Context, msgBatch []*sarama.ConsumerMessage, batch []source.Emit, emit func([]source.Emit) error) error {
+	pt := c.pt
+	pt.feed.Release()
+	start := c.from
+	if start < 0 {
+		start = pt.feed.Claim().InitialOffset()
+	}
+	if start < 0 {
+		// No committed offset: Consumer.Offsets.Initial (OffsetOldest or
+		// OffsetNewest), as the claim resolved it.
+		var err error
+		if start, err = pt.w.meta.GetOffset(pt.topic, pt.p, start); err != nil {
+			return fmt.Errorf("start %s: %w", pt.key, err)
+		}
+	}
+	sub := pt.w.fetcher.Subscribe(pt.topic, pt.p, start)
+	pt.w.metrics.claimSub(pt.topic, pt.p, sub)
+	c.mu.Lock()
+	c.sub = sub
+	c.mu.Unlock()
+	for {
+		c.mu.Lock()
+		rw := c.rewind
+		c.mu.Unlock()
+		if rw >= 0 {
+			n := pt.attemptsOf(rw)
+			d := pt.retry.delay(n)
+			pt.w.log.Info("seeking back to a failed record", "topic", pt.topic, "partition", pt.p, "offset", rw, "attempt", n+1, "in", d)
+			if !sleep(d, ctx.Done(), c.stop) {
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			sub.SeekTo(rw)
+			c.mu.Lock()
+			c.rewind = -1
+			c.mu.Unlock()
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.stop:
+			<-ctx.Done()
+			return ctx.Err()
+		case <-pt.feed.Revoked():
+			<-ctx.Done()
+			return ctx.Err()
+		case <-c.rewindCh:
+		case <-sub.Ready():
+			msgBatch = sub.Take(msgBatch[:0], maxEmitBatch)
+			if len(msgBatch) == 0 {
+				continue
 			}
 			err := c.emitBatch(ctx, msgBatch, batch, emit)
 			clear(msgBatch)
@@ -1449,6 +1523,8 @@ func (c *claimProducer) skipControl() {
 	next := c.nextFetch
 	hwm := int64(-1)
 	switch {
+	case c.sub != nil:
+		hwm = c.sub.HighWatermark()
 	case c.pc != nil:
 		hwm = c.pc.HighWaterMarkOffset()
 	case c.usedClm:
@@ -1493,6 +1569,13 @@ func (c *claimProducer) seekBack(offset int64) {
 }
 
 func (c *claimProducer) Close() error {
+	c.mu.Lock()
+	sub := c.sub
+	c.sub = nil
+	c.mu.Unlock()
+	if sub != nil {
+		sub.Close()
+	}
 	c.closePC()
 	if c.usedClm {
 		c.pt.feed.Release()

@@ -55,6 +55,11 @@ type Worker struct {
 	meta     sarama.Client // offset lookups, committed offsets: never behind a fetch
 	producer *kafka.Producer
 	restorer *changelog.Restorer
+	// fetcher reads the claimed source partitions (one fetch loop per
+	// leader broker; kafka.Fetcher); nil with RUNNEL_FETCHER=sarama, when
+	// the claims' own Sarama partition consumers are read instead.
+	fetcher  *kafka.Fetcher
+	cgroup   sarama.ConsumerGroup // the Sarama group, to pause its claims' fetching
 	strategy *assignor.Strategy
 	mgr      *source.Manager
 	tables   []*tableRuntime
@@ -442,6 +447,14 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("consumer: %w", err)
 	}
 	closers = append(closers, consumer.Close)
+	if os.Getenv("RUNNEL_FETCHER") != "sarama" {
+		fc := kafka.FetcherConfigOf(w.client)
+		fc.Logger = w.log
+		if w.fetcher, err = kafka.NewFetcher(fc); err != nil {
+			return err
+		}
+		closers = append(closers, func() error { w.fetcher.Close(); return nil })
+	}
 	// The log has one summary line for all restores every 5 s (and one when
 	// they are done), not a line per partition: changelog.ProgressLog.
 	plog := &changelog.ProgressLog{Logger: w.log, TableOf: w.tableOfChangelog}
@@ -556,6 +569,7 @@ func (w *Worker) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("join group %s: %w", w.app.id, err)
 	}
+	w.cgroup = group
 	closers = append(closers, func() error {
 		// LeaveGroup: the coordinator rebalances the others at once instead
 		// of after the session timeout. Leaving is that courtesy only: the

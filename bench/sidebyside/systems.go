@@ -146,6 +146,12 @@ func systems() []*system {
 		{name: "runnel-gogc400", peer: "runnel", bin: "runnel-peer", env: []string{"GOGC=400"},
 			workloads: []string{"stateless", "stateful"},
 			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", optIn: true},
+		// Runnel reading its input through the claims' own Sarama partition
+		// consumers (RUNNEL_FETCHER=sarama) instead of its Fetcher: what the
+		// Fetcher changes, side by side.
+		{name: "runnel-saramafetch", peer: "runnel", bin: "runnel-peer", env: []string{"RUNNEL_FETCHER=sarama"},
+			workloads: []string{"stateless", "stateful", "handover", "kill"},
+			changelog: suffixed("-counts-changelog"), decode: decimal, lang: "go", optIn: true},
 		// Exactly-once: Runnel's transactional commit cycles at its default
 		// interval under exactly-once (2.8 s; BENCH_COMMIT_MS=0 is the
 		// app's default), and Kafka Streams' exactly_once_v2 at the same
