@@ -15,12 +15,12 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/runnel-dev/runnel/agent/source"
 	"github.com/runnel-dev/runnel/assignor"
 	"github.com/runnel-dev/runnel/changelog"
+	"github.com/runnel-dev/runnel/internal/kafka"
 	"github.com/runnel-dev/runnel/internal/task"
 )
 
