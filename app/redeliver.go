@@ -770,15 +770,9 @@ func (c *claimProducer) openSub(ctx context.Context, msgBatch []*sarama.Consumer
 	pt.feed.Release()
 	start := c.from
 	if start < 0 {
+		// Without a committed offset Consumer.Offsets.Initial
+		// (sarama.OffsetOldest, or OffsetNewest), which the Fetcher looks up.
 		start = pt.feed.Claim().InitialOffset()
-	}
-	if start < 0 {
-		// No committed offset: Consumer.Offsets.Initial (OffsetOldest or
-		// OffsetNewest), as the claim resolved it.
-		var err error
-		if start, err = pt.w.meta.GetOffset(pt.topic, pt.p, start); err != nil {
-			return fmt.Errorf("start %s: %w", pt.key, err)
-		}
 	}
 	sub := pt.w.fetcher.Subscribe(pt.topic, pt.p, start)
 	pt.w.metrics.claimSub(pt.topic, pt.p, sub)
@@ -814,6 +808,14 @@ func (c *claimProducer) openSub(ctx context.Context, msgBatch []*sarama.Consumer
 			return ctx.Err()
 		case <-c.rewindCh:
 		case <-sub.Ready():
+			if to, ok := sub.Reset(); ok {
+				// The partition's log ends below what was read (records
+				// lost on the broker, or the topic recreated): it is read
+				// again from its log start, as a seek back (a new epoch:
+				// the watermark goes back with it).
+				c.seekBack(to)
+				continue
+			}
 			msgBatch = sub.Take(msgBatch[:0], maxEmitBatch)
 			if len(msgBatch) == 0 {
 				continue

@@ -33,11 +33,10 @@ type FetcherConfig struct {
 	MaxWait time.Duration
 	// PartitionMaxBytes is the bytes asked of each partition per fetch
 	// (Kafka's max.partition.fetch.bytes); default 512 KiB. A partition
-	// holding at least that much not yet taken is left out of the next
-	// fetches until Take brings it below. So a partition buffers about
-	// twice this at most: more when its batches are compressed (the bound
-	// counts what a fetch decompresses to) or a batch is larger than it (a
-	// broker returns a batch whole).
+	// holding records not yet taken is left out of the next fetches until
+	// Take empties it, so it buffers one fetch's records at most: this
+	// much, or one record batch when a batch is larger (a broker returns a
+	// batch whole), decompressed.
 	PartitionMaxBytes int32
 	// Logger gets the fetcher's warnings (nil: discarded).
 	Logger *slog.Logger
@@ -153,13 +152,19 @@ type Sub struct {
 	size    int32 // bytes asked per fetch (doubled while a batch does not fit)
 	retryAt time.Time
 	closed  bool
+	// reset is where the partition reads again after an offset above its
+	// log end (-1 none); held keeps it from being fetched until SeekTo.
+	reset int64
+	held  bool
 }
 
-// Subscribe starts reading topic partition p at offset (at least 0). A
-// partition has at most one Sub at a time.
+// Subscribe starts reading topic partition p at offset: an offset, or
+// sarama.OffsetOldest (-2) for the log start, or sarama.OffsetNewest (-1)
+// for its end (under ReadCommitted the last stable offset), looked up by
+// the fetch loop (retried until the partition answers).
 func (f *Fetcher) Subscribe(topic string, p int32, offset int64) *Sub {
 	s := &Sub{f: f, topic: topic, partition: p, ready: make(chan struct{}, 1), next: offset,
-		size: f.cfg.PartitionMaxBytes}
+		size: f.cfg.PartitionMaxBytes, reset: -1}
 	s.hwm.Store(-1)
 	f.reroute(s)
 	return s
@@ -172,7 +177,6 @@ func (s *Sub) Ready() <-chan struct{} { return s.ready }
 func (s *Sub) Take(dst []*sarama.ConsumerMessage, max int) []*sarama.ConsumerMessage {
 	s.mu.Lock()
 	n := min(max, len(s.q))
-	wasFull := s.qBytes >= int(s.f.cfg.PartitionMaxBytes)
 	for _, m := range s.q[:n] {
 		s.qBytes -= msgBytes(m)
 	}
@@ -185,9 +189,9 @@ func (s *Sub) Take(dst []*sarama.ConsumerMessage, max int) []*sarama.ConsumerMes
 	} else {
 		s.signal()
 	}
-	nowRoom := s.qBytes < int(s.f.cfg.PartitionMaxBytes)
+	emptied := n > 0 && len(s.q) == 0
 	s.mu.Unlock()
-	if wasFull && nowRoom {
+	if emptied {
 		s.f.wakeLoopOf(s)
 	}
 	return dst
@@ -202,8 +206,20 @@ func (s *Sub) SeekTo(offset int64) {
 	clear(s.q)
 	s.q, s.qBytes = nil, 0
 	s.retryAt = time.Time{}
+	s.reset, s.held = -1, false
 	s.mu.Unlock()
 	s.f.wakeLoopOf(s)
+}
+
+// Reset reports an offset out of range above the partition's log end
+// (records lost on the broker, or the topic deleted and created again):
+// the partition reads again from to, its log start, after the caller's
+// SeekTo(to); until then nothing is fetched or taken. ok is false without
+// such a reset.
+func (s *Sub) Reset() (to int64, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reset, s.reset >= 0
 }
 
 // Buffered returns the records fetched and not yet taken, and their bytes
@@ -280,6 +296,7 @@ func (f *Fetcher) route() {
 	defer f.wg.Done()
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
+	erring, warned := map[string]time.Time{}, map[string]time.Time{}
 	for {
 		select {
 		case <-f.ctx.Done():
@@ -311,9 +328,24 @@ func (f *Fetcher) route() {
 			f.log.Warn("fetch: metadata request failed; retrying", "err", err)
 		} else {
 			for _, t := range resp.Topics {
-				if t.Topic == nil || t.ErrorCode != 0 {
+				if t.Topic == nil {
 					continue
 				}
+				if t.ErrorCode != 0 {
+					// Unknown for a while after its creation; a lasting
+					// error (no authorization) stalls the partitions, so
+					// after 5 s it is logged, once every 30 s per topic.
+					now := time.Now()
+					first, ok := erring[*t.Topic]
+					if !ok {
+						erring[*t.Topic] = now
+					} else if now.Sub(first) > 5*time.Second && now.Sub(warned[*t.Topic]) > 30*time.Second {
+						warned[*t.Topic] = now
+						f.log.Warn("fetch: topic metadata error; retrying", "topic", *t.Topic, "err", kerr.ErrorForCode(t.ErrorCode), "since", first)
+					}
+					continue
+				}
+				delete(erring, *t.Topic)
 				m := map[int32]int32{}
 				for _, p := range t.Partitions {
 					if p.ErrorCode == 0 || p.ErrorCode == kerr.ReplicaNotAvailable.Code {
@@ -373,6 +405,29 @@ func (l *fetchLoop) wakeUp() {
 	}
 }
 
+// drainingMaxWait is the broker's longest wait for a fetch sent while a
+// partition left out of it still has records to be taken.
+const drainingMaxWait = 10 * time.Millisecond
+
+// resolve looks up a negative start offset (s.mu held; the lookup is made
+// without it).
+func (l *fetchLoop) resolve(s *Sub) {
+	ts, gen := s.next, s.gen
+	s.mu.Unlock()
+	off, err := l.listOffset(s, ts)
+	s.mu.Lock()
+	if s.gen != gen || s.next != ts {
+		return
+	}
+	if err != nil {
+		l.f.log.Warn("fetch: looking up the start offset failed; retrying", "topic", s.topic, "partition", s.partition, "err", err)
+		s.retryAt = time.Now().Add(250 * time.Millisecond)
+		return
+	}
+	s.next = off
+	l.wakeUp()
+}
+
 // fetchPart is one partition of a fetch request: where it was asked from and
 // under which SeekTo generation.
 type fetchPart struct {
@@ -397,14 +452,19 @@ func (l *fetchLoop) run() {
 		now := time.Now()
 		var parts []fetchPart
 		wait := time.Duration(-1)
+		draining := false
 		for _, s := range subs {
 			s.mu.Lock()
 			switch {
-			case s.closed || s.qBytes >= int(f.cfg.PartitionMaxBytes):
+			case s.closed || s.held:
+			case len(s.q) > 0:
+				draining = true
 			case now.Before(s.retryAt):
 				if d := s.retryAt.Sub(now); wait < 0 || d < wait {
 					wait = d
 				}
+			case s.next < 0:
+				l.resolve(s)
 			default:
 				parts = append(parts, fetchPart{s: s, gen: s.gen, offset: s.next})
 			}
@@ -423,7 +483,14 @@ func (l *fetchLoop) run() {
 			idle.Stop()
 			continue
 		}
-		if err := l.fetch(parts); err != nil {
+		// While a partition's records wait to be taken it is left out; a
+		// fetch held by the broker for the others would keep it waiting
+		// after it is taken: a short wait then.
+		maxWait := f.cfg.MaxWait
+		if draining {
+			maxWait = min(maxWait, drainingMaxWait)
+		}
+		if err := l.fetch(parts, maxWait); err != nil {
 			if f.ctx.Err() != nil {
 				return
 			}
@@ -441,11 +508,11 @@ func (l *fetchLoop) run() {
 }
 
 // fetch sends one Fetch request for parts and hands out what it returns.
-func (l *fetchLoop) fetch(parts []fetchPart) error {
+func (l *fetchLoop) fetch(parts []fetchPart, maxWait time.Duration) error {
 	f := l.f
 	req := kmsg.NewPtrFetchRequest()
 	req.ReplicaID = -1
-	req.MaxWaitMillis = int32(f.cfg.MaxWait.Milliseconds())
+	req.MaxWaitMillis = int32(maxWait.Milliseconds())
 	req.MinBytes = 1
 	req.MaxBytes = 50 << 20 // Kafka's fetch.max.bytes
 	if f.cfg.ReadCommitted {
@@ -506,6 +573,7 @@ func (l *fetchLoop) fetch(parts []fetchPart) error {
 			if !ok {
 				continue
 			}
+			delete(asked[rt.Topic], rp.Partition) // once per request
 			l.take(p, rt.Topic, rp, iso)
 		}
 	}
@@ -561,11 +629,11 @@ func (l *fetchLoop) failed(p fetchPart, fp kgo.FetchPartition) {
 	f, s := l.f, p.s
 	switch {
 	case errors.Is(fp.Err, kerr.OffsetOutOfRange):
-		to, err := l.resetOffset(s, p.offset)
+		start, err := l.listOffset(s, -2)
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if err != nil {
-			f.log.Warn("fetch: offset out of range, and listing the partition's offsets failed; retrying",
+			f.log.Warn("fetch: offset out of range, and listing the partition's log start failed; retrying",
 				"topic", s.topic, "partition", s.partition, "offset", p.offset, "err", err)
 			s.retryAt = time.Now().Add(time.Second)
 			return
@@ -573,9 +641,26 @@ func (l *fetchLoop) failed(p fetchPart, fp kgo.FetchPartition) {
 		if s.closed || s.gen != p.gen {
 			return
 		}
-		f.log.Warn("fetch: offset out of range; reading from the nearest offset the partition holds",
-			"topic", s.topic, "partition", s.partition, "offset", p.offset, "to", to)
-		s.next = to
+		if p.offset < start {
+			// The records are gone (retention, DeleteRecords): nothing to
+			// read below the log start. Records skipped forward are known
+			// absent to the reader.
+			f.log.Warn("fetch: offset below the log start; reading from the log start",
+				"topic", s.topic, "partition", s.partition, "offset", p.offset, "log_start", start)
+			s.next = start
+			return
+		}
+		// Above the log end: the leader's log is shorter than what was
+		// read (records lost by an unclean election, or the topic deleted
+		// and created again). As Kafka's auto.offset.reset=earliest, read
+		// again from the log start; the reader is told (Reset), since the
+		// offsets go back, and the partition waits for its SeekTo.
+		f.log.Error("fetch: offset above the log end (records lost on the broker, or the topic recreated); reading again from the log start",
+			"topic", s.topic, "partition", s.partition, "offset", p.offset, "log_start", start)
+		s.reset, s.held = start, true
+		clear(s.q)
+		s.q, s.qBytes = nil, 0
+		s.signal()
 	case kerr.IsRetriable(fp.Err):
 		// The leader moved or is being elected, the topic is not known to
 		// this broker yet, a replica or the log directory is unavailable.
@@ -591,38 +676,34 @@ func (l *fetchLoop) failed(p fetchPart, fp kgo.FetchPartition) {
 	}
 }
 
-// resetOffset returns the log start offset if offset is below it, else the
-// highwater.
-func (l *fetchLoop) resetOffset(s *Sub, offset int64) (int64, error) {
-	var out [2]int64
-	for i, ts := range []int64{-2, -1} { // earliest, latest
-		req := kmsg.NewPtrListOffsetsRequest()
-		req.ReplicaID = -1
-		rt := kmsg.NewListOffsetsRequestTopic()
-		rt.Topic = s.topic
-		rp := kmsg.NewListOffsetsRequestTopicPartition()
-		rp.Partition = s.partition
-		rp.CurrentLeaderEpoch = -1
-		rp.Timestamp = ts
-		rt.Partitions = append(rt.Partitions, rp)
-		req.Topics = append(req.Topics, rt)
-		resp, err := req.RequestWith(l.f.ctx, l.f.cl)
-		if err != nil {
-			return 0, err
-		}
-		if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
-			return 0, errors.New("list offsets: no answer for the partition")
-		}
-		rpr := resp.Topics[0].Partitions[0]
-		if err := kerr.ErrorForCode(rpr.ErrorCode); err != nil {
-			return 0, err
-		}
-		out[i] = rpr.Offset
+// listOffset returns the partition's log start offset (ts -2) or its end
+// (ts -1: the highwater, or under ReadCommitted the last stable offset).
+func (l *fetchLoop) listOffset(s *Sub, ts int64) (int64, error) {
+	req := kmsg.NewPtrListOffsetsRequest()
+	req.ReplicaID = -1
+	if l.f.cfg.ReadCommitted {
+		req.IsolationLevel = 1
 	}
-	if offset < out[0] {
-		return out[0], nil
+	rt := kmsg.NewListOffsetsRequestTopic()
+	rt.Topic = s.topic
+	rp := kmsg.NewListOffsetsRequestTopicPartition()
+	rp.Partition = s.partition
+	rp.CurrentLeaderEpoch = -1
+	rp.Timestamp = ts
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(l.f.ctx, l.f.cl)
+	if err != nil {
+		return 0, err
 	}
-	return out[1], nil
+	if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
+		return 0, errors.New("list offsets: no answer for the partition")
+	}
+	rpr := resp.Topics[0].Partitions[0]
+	if err := kerr.ErrorForCode(rpr.ErrorCode); err != nil {
+		return 0, err
+	}
+	return rpr.Offset, nil
 }
 
 // toMessages converts kgo's records to Sarama's messages (one allocation

@@ -9,6 +9,7 @@ package kafka_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
@@ -231,18 +232,62 @@ func TestFetcherOffsetOutOfRange(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := newFetcher(t, addrs)
-	// Above the highwater: from the highwater on.
-	above := f.Subscribe(topic, 0, 1_000_000)
-	// Below the log start: from the log start on.
+	// Below the log start: from the log start on, without a Reset (the
+	// records skipped are gone).
 	below := f.Subscribe(topic, 1, 2)
 	checkRecords(t, collect(t, below, 12, 10*time.Second), topic, 1, "v", 8)
+	if _, ok := below.Reset(); ok {
+		t.Fatal("a Reset below the log start")
+	}
+	// Above the log end (as after records lost on the broker): a Reset to the
+	// log start, and nothing taken until the reader seeks there.
+	above := f.Subscribe(topic, 0, 1_000_000)
+	testbroker.Eventually(t, 10*time.Second, "a Reset", func() bool { _, ok := above.Reset(); return ok })
+	if to, _ := above.Reset(); to != 0 {
+		t.Fatalf("Reset to %d, want the log start 0", to)
+	}
 	time.Sleep(300 * time.Millisecond)
-	produce(t, cl, topic, 0, "w", 3) // offsets 20..22, values w-0..w-2
-	got := collect(t, above, 3, 10*time.Second)
-	for i, m := range got {
-		if m.Offset != int64(20+i) || string(m.Value) != fmt.Sprintf("w-%d", i) {
-			t.Fatalf("after reset: @%d %q", m.Offset, m.Value)
-		}
+	if got := above.Take(nil, 100); len(got) != 0 {
+		t.Fatalf("%d records taken before the seek to the Reset", len(got))
+	}
+	above.SeekTo(0)
+	checkRecords(t, collect(t, above, 20, 10*time.Second), topic, 0, "v", 0)
+	if _, ok := above.Reset(); ok {
+		t.Fatal("Reset still reported after SeekTo")
+	}
+}
+
+// Negative start offsets: the log start (sarama.OffsetOldest) and its end
+// (OffsetNewest; under read_committed the last stable offset).
+func TestFetcherStartOldestNewest(t *testing.T) {
+	addrs := testbroker.Brokers(t)
+	topic := testbroker.Topic(t, "ends")
+	testbroker.CreateTopic(t, addrs, topic, 1, nil)
+	cl := kgoProducer(t, addrs)
+	produce(t, cl, topic, 0, "v", 10)
+	admin := testbroker.Admin(t, addrs)
+	if err := admin.DeleteRecords(topic, map[int32]int64{0: 3}); err != nil {
+		t.Fatal(err)
+	}
+	txn := kgoProducer(t, addrs, kgo.TransactionalID(testbroker.Topic(t, "txnid")))
+	ctx := context.Background()
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := txn.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: 0, Value: []byte("open")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	} // offset 10, open: the last stable offset stays 10
+	f := newFetcher(t, addrs, func(c *kafka.FetcherConfig) { c.ReadCommitted = true })
+	oldest := f.Subscribe(topic, 0, sarama.OffsetOldest)
+	checkRecords(t, collect(t, oldest, 7, 10*time.Second), topic, 0, "v", 3)
+	newest := f.Subscribe(topic, 0, sarama.OffsetNewest)
+	time.Sleep(500 * time.Millisecond)
+	if err := txn.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	got := collect(t, newest, 1, 10*time.Second)
+	if got[0].Offset != 10 || string(got[0].Value) != "open" {
+		t.Fatalf("from the newest: @%d %q, want the transaction's record @10", got[0].Offset, got[0].Value)
 	}
 }
 
@@ -301,7 +346,7 @@ func TestFetcherLeadersMove(t *testing.T) {
 	}
 }
 
-// A partition nobody takes from is fetched no further than its bound; a
+// A partition nobody takes from holds one fetch at most; a
 // batch larger than the bytes asked still comes through.
 func TestFetcherBoundsWhatAPartitionHolds(t *testing.T) {
 	addrs := testbroker.Brokers(t)
@@ -330,13 +375,147 @@ func TestFetcherBoundsWhatAPartitionHolds(t *testing.T) {
 	}
 	time.Sleep(time.Second)
 	n, bytes := sub.Buffered()
-	if n == 0 || bytes > 3*max {
-		t.Fatalf("buffered %d records, %d bytes; want some, at most %d bytes", n, bytes, 3*max)
+	// One fetch at most: nothing more is fetched while records wait.
+	if n == 0 || bytes > 2*max {
+		t.Fatalf("buffered %d records, %d bytes; want some, at most %d bytes", n, bytes, 2*max)
 	}
 	got := collect(t, sub, 4000, 30*time.Second)
 	for i, m := range got {
 		if m.Offset != int64(i) {
 			t.Fatalf("record %d at offset %d", i, m.Offset)
+		}
+	}
+}
+
+// Leaders moving every 7 ms between three brokers, small fetches, takes of
+// random sizes and random seeks back and forward: every record taken
+// continues the position exactly (from a cold review of the Fetcher).
+func TestFetcherSeeksWhileLeadersMove(t *testing.T) {
+	b, err := embedded.Start(embedded.Options{Brokers: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	addrs := b.Addrs()
+	topic := testbroker.Topic(t, "stress")
+	testbroker.CreateTopic(t, addrs, topic, 2, nil)
+	cl := kgoProducer(t, addrs, kgo.ProducerBatchMaxBytes(2<<10))
+	const n = 20000
+	produce(t, cl, topic, 0, "v", n)
+	produce(t, cl, topic, 1, "v", n)
+	f := newFetcher(t, addrs, func(c *kafka.FetcherConfig) { c.PartitionMaxBytes = 3 << 10; c.MaxWait = 5 * time.Millisecond })
+	stopMove := make(chan struct{})
+	defer close(stopMove)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stopMove:
+				return
+			case <-time.After(7 * time.Millisecond):
+			}
+			p := int32(i % 2)
+			_ = b.Cluster().MoveTopicPartition(topic, p, (b.Cluster().LeaderFor(topic, p)+1)%3)
+		}
+	}()
+	done := make(chan error, 2)
+	for p := range int32(2) {
+		go func() {
+			sub := f.Subscribe(topic, p, 0)
+			defer sub.Close()
+			rnd := rand.New(rand.NewPCG(uint64(p+1), 7))
+			next, seeks := int64(0), 0
+			deadline := time.After(60 * time.Second)
+			for next < n {
+				select {
+				case <-sub.Ready():
+				case <-time.After(5 * time.Second):
+					done <- fmt.Errorf("partition %d stalled at %d (%d seeks)", p, next, seeks)
+					return
+				case <-deadline:
+					done <- fmt.Errorf("partition %d at %d after 60 s", p, next)
+					return
+				}
+				for _, m := range sub.Take(nil, 1+rnd.IntN(300)) {
+					if m.Offset != next {
+						done <- fmt.Errorf("partition %d: @%d, want @%d (%d seeks)", p, m.Offset, next, seeks)
+						return
+					}
+					next++
+				}
+				if rnd.IntN(5) == 0 && next > 0 {
+					to := next - rnd.Int64N(min(next, 500))
+					if rnd.IntN(3) == 0 {
+						to = min(next+rnd.Int64N(200), n-1)
+					}
+					sub.SeekTo(to)
+					next = to
+					seeks++
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// read_committed over 150 committed and aborted transactions interleaved
+// with plain records, with fetches of 300 bytes: exactly the committed
+// records, in order, also after seeks into the middle (from a cold review).
+func TestFetcherReadCommittedManyTransactions(t *testing.T) {
+	addrs := testbroker.Brokers(t)
+	topic := testbroker.Topic(t, "aborts")
+	testbroker.CreateTopic(t, addrs, topic, 1, nil)
+	plain := kgoProducer(t, addrs)
+	txn := kgoProducer(t, addrs, kgo.TransactionalID(testbroker.Topic(t, "txnid")), kgo.ProducerBatchMaxBytes(1<<10))
+	ctx := context.Background()
+	var want []string
+	for i := range 150 {
+		if err := txn.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		commit := i%3 != 0
+		var recs []*kgo.Record
+		for j := range 1 + i%7 {
+			v := fmt.Sprintf("t%d-%d-%v", i, j, commit)
+			recs = append(recs, &kgo.Record{Topic: topic, Partition: 0, Value: []byte(v)})
+			if commit {
+				want = append(want, v)
+			}
+		}
+		if err := txn.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if i%4 == 0 {
+			v := fmt.Sprintf("plain%d", i)
+			if err := plain.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: 0, Value: []byte(v)}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, v)
+		}
+		if err := txn.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := newFetcher(t, addrs, func(c *kafka.FetcherConfig) { c.ReadCommitted = true; c.PartitionMaxBytes = 300 })
+	sub := f.Subscribe(topic, 0, 0)
+	got := collect(t, sub, len(want), 30*time.Second)
+	for i, m := range got {
+		if string(m.Value) != want[i] {
+			t.Fatalf("record %d @%d: %q, want %q", i, m.Offset, m.Value, want[i])
+		}
+	}
+	for k := range 20 {
+		i := (k * 37) % len(got)
+		sub.SeekTo(got[i].Offset)
+		again := collect(t, sub, len(want)-i, 30*time.Second)
+		for j, m := range again {
+			if string(m.Value) != want[i+j] {
+				t.Fatalf("seek %d: record %d @%d: %q, want %q", k, i+j, m.Offset, m.Value, want[i+j])
+			}
 		}
 	}
 }
