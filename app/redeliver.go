@@ -127,6 +127,9 @@ type partition struct {
 	// src is the claim's duplicate filter: a repartition topic under
 	// at-least-once, nil otherwise (dedup.go).
 	src *srcFilter
+	// truncated: the partition's log ended below the offset being read
+	// (kafka.Sub.Reset); the session restarts (claimProducer.openSub).
+	truncated atomic.Bool
 }
 
 // deadLetters is the claim's record of dead letters written, nil under
@@ -199,7 +202,13 @@ func (pt *partition) run(ctx context.Context) error {
 		if !again {
 			return err
 		}
-		shared = shared || w.txn != nil
+		// A log that ended below what was read (records lost on the
+		// broker, the topic recreated) is not read again in place: the
+		// offsets go back, and this incarnation's commit points and cut
+		// tables are of the old log. The session restarts; the claim starts
+		// at the committed offset, or at the log start when that is past
+		// the log end (Sarama's Consumer.Group.ResetInvalidOffsets).
+		shared = shared || w.txn != nil || pt.truncated.Load()
 		from = prod.resumeOffset()
 		failed := prod.failedOffset()
 		n := max(pt.attemptsOf(failed), 1)
@@ -207,7 +216,9 @@ func (pt *partition) run(ctx context.Context) error {
 		if shared {
 			w.log.Warn("partition failed; its task has other sources, was abandoned or is in the worker's transaction, so the session restarts and the partition resumes from its committed offset",
 				"topic", pt.topic, "partition", pt.p, "offset", from, "attempt", n, "in", d, "err", err)
-			pt.task.abandon(&w.tasks, err)
+			if pt.task != nil {
+				pt.task.abandon(&w.tasks, err)
+			}
 			if !sleep(d, ctx.Done(), pt.feed.Revoked()) {
 				return nil
 			}
@@ -761,6 +772,9 @@ func (c *claimProducer) OpenBatch(ctx context.Context, emit func([]source.Emit) 
 	}
 }
 
+// errLogTruncated: a source partition's log ended below the offset read.
+var errLogTruncated = errors.New("the partition's log ends below the offset read (records lost on the broker, or the topic recreated)")
+
 // openSub is OpenBatch's poll loop reading the partition through the
 // worker's Fetcher: the claim's own channel is released to the feed (which
 // only waits for its end, the revoke) and its fetching paused, and a seek
@@ -808,13 +822,12 @@ func (c *claimProducer) openSub(ctx context.Context, msgBatch []*sarama.Consumer
 			return ctx.Err()
 		case <-c.rewindCh:
 		case <-sub.Ready():
-			if to, ok := sub.Reset(); ok {
+			if _, ok := sub.Reset(); ok {
 				// The partition's log ends below what was read (records
-				// lost on the broker, or the topic recreated): it is read
-				// again from its log start, as a seek back (a new epoch:
-				// the watermark goes back with it).
-				c.seekBack(to)
-				continue
+				// lost on the broker, or the topic recreated): the session
+				// restarts (partition.run).
+				pt.truncated.Store(true)
+				return fmt.Errorf("%s: %w", pt.key, errLogTruncated)
 			}
 			msgBatch = sub.Take(msgBatch[:0], maxEmitBatch)
 			if len(msgBatch) == 0 {

@@ -33,10 +33,11 @@ type FetcherConfig struct {
 	MaxWait time.Duration
 	// PartitionMaxBytes is the bytes asked of each partition per fetch
 	// (Kafka's max.partition.fetch.bytes); default 512 KiB. A partition
-	// holding records not yet taken is left out of the next fetches until
-	// Take empties it, so it buffers one fetch's records at most: this
-	// much, or one record batch when a batch is larger (a broker returns a
-	// batch whole), decompressed.
+	// holding more than RefetchBelow records not yet taken is left out of
+	// the next fetches until Take brings it there, so it buffers one
+	// fetch's records at most (this much, or one record batch when a batch
+	// is larger: a broker returns a batch whole; decompressed) beside
+	// RefetchBelow records.
 	PartitionMaxBytes int32
 	// Logger gets the fetcher's warnings (nil: discarded).
 	Logger *slog.Logger
@@ -189,9 +190,9 @@ func (s *Sub) Take(dst []*sarama.ConsumerMessage, max int) []*sarama.ConsumerMes
 	} else {
 		s.signal()
 	}
-	emptied := n > 0 && len(s.q) == 0
+	room := n > 0 && len(s.q) <= RefetchBelow && len(s.q)+n > RefetchBelow
 	s.mu.Unlock()
-	if emptied {
+	if room {
 		s.f.wakeLoopOf(s)
 	}
 	return dst
@@ -405,6 +406,11 @@ func (l *fetchLoop) wakeUp() {
 	}
 }
 
+// RefetchBelow is the number of records a partition may hold not yet taken
+// and still be fetched: one hand-out batch of the claim source, so that
+// the next fetch is under way while it is handed out.
+const RefetchBelow = 256
+
 // drainingMaxWait is the broker's longest wait for a fetch sent while a
 // partition left out of it still has records to be taken.
 const drainingMaxWait = 10 * time.Millisecond
@@ -457,7 +463,7 @@ func (l *fetchLoop) run() {
 			s.mu.Lock()
 			switch {
 			case s.closed || s.held:
-			case len(s.q) > 0:
+			case len(s.q) > RefetchBelow:
 				draining = true
 			case now.Before(s.retryAt):
 				if d := s.retryAt.Sub(now); wait < 0 || d < wait {
@@ -465,6 +471,9 @@ func (l *fetchLoop) run() {
 				}
 			case s.next < 0:
 				l.resolve(s)
+				if d := time.Until(s.retryAt); d > 0 && (wait < 0 || d < wait) {
+					wait = d // a failed lookup is retried
+				}
 			default:
 				parts = append(parts, fetchPart{s: s, gen: s.gen, offset: s.next})
 			}
