@@ -711,24 +711,15 @@ func (c *claimProducer) OpenBatch(ctx context.Context, emit func([]source.Emit) 
 		}
 	}
 	for {
-		c.mu.Lock()
-		rw := c.rewind
-		c.mu.Unlock()
+		rw, err := c.awaitRewind(ctx)
+		if err != nil {
+			return err
+		}
 		if rw >= 0 {
-			n := pt.attemptsOf(rw)
-			d := pt.retry.delay(n)
-			pt.w.log.Info("seeking back to a failed record", "topic", pt.topic, "partition", pt.p, "offset", rw, "attempt", n+1, "in", d)
-			if !sleep(d, ctx.Done(), c.stop) {
-				<-ctx.Done()
-				return ctx.Err()
-			}
-			var err error
 			if msgs, err = c.seek(rw); err != nil {
 				return err
 			}
-			c.mu.Lock()
-			c.rewind = -1
-			c.mu.Unlock()
+			c.rewound()
 			continue
 		}
 		select {
@@ -772,6 +763,35 @@ func (c *claimProducer) OpenBatch(ctx context.Context, emit func([]source.Emit) 
 	}
 }
 
+// awaitRewind returns the offset a seek back asked the poll loop to read
+// again from (-1: none), after the redelivery delay of its record's
+// attempts; ctx's error when fetching stopped or ctx ended meanwhile (it
+// waits for ctx then). The poll loop seeks and calls rewound.
+func (c *claimProducer) awaitRewind(ctx context.Context) (int64, error) {
+	pt := c.pt
+	c.mu.Lock()
+	rw := c.rewind
+	c.mu.Unlock()
+	if rw < 0 {
+		return -1, nil
+	}
+	n := pt.attemptsOf(rw)
+	d := pt.retry.delay(n)
+	pt.w.log.Info("seeking back to a failed record", "topic", pt.topic, "partition", pt.p, "offset", rw, "attempt", n+1, "in", d)
+	if !sleep(d, ctx.Done(), c.stop) {
+		<-ctx.Done()
+		return -1, ctx.Err()
+	}
+	return rw, nil
+}
+
+// rewound says the poll loop sought back to the rewind offset.
+func (c *claimProducer) rewound() {
+	c.mu.Lock()
+	c.rewind = -1
+	c.mu.Unlock()
+}
+
 // errLogTruncated: a source partition's log ended below the offset read.
 var errLogTruncated = errors.New("the partition's log ends below the offset read (records lost on the broker, or the topic recreated)")
 
@@ -794,21 +814,13 @@ func (c *claimProducer) openSub(ctx context.Context, msgBatch []*sarama.Consumer
 	c.sub = sub
 	c.mu.Unlock()
 	for {
-		c.mu.Lock()
-		rw := c.rewind
-		c.mu.Unlock()
+		rw, err := c.awaitRewind(ctx)
+		if err != nil {
+			return err
+		}
 		if rw >= 0 {
-			n := pt.attemptsOf(rw)
-			d := pt.retry.delay(n)
-			pt.w.log.Info("seeking back to a failed record", "topic", pt.topic, "partition", pt.p, "offset", rw, "attempt", n+1, "in", d)
-			if !sleep(d, ctx.Done(), c.stop) {
-				<-ctx.Done()
-				return ctx.Err()
-			}
 			sub.SeekTo(rw)
-			c.mu.Lock()
-			c.rewind = -1
-			c.mu.Unlock()
+			c.rewound()
 			continue
 		}
 		select {
